@@ -1,0 +1,1 @@
+"""Assertion primitives. Implemented by the HTTP-primitives work."""

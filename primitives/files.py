@@ -1,0 +1,1 @@
+"""File primitives P01-P03 (workspace files). Implemented by the file-primitives work."""

@@ -1,0 +1,1 @@
+"""HTTP primitives. Implemented by the HTTP-primitives work."""

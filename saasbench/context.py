@@ -1,0 +1,157 @@
+"""The run context every primitive receives: target, identities, last response, captures.
+
+One context per evaluation run. It owns the pooled HTTP client (created lazily, so a DAG of
+file checks never opens a socket) and closes it at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from saasbench.placeholders import MISSING, Resolver
+
+if TYPE_CHECKING:
+    from saasbench.auth import AuthManager, AuthProfile
+    from saasbench.http import HttpClient, HttpResponse
+
+
+@dataclass
+class Target:
+    """What is being evaluated. Any field may be None; primitives that need it fail clearly."""
+
+    base_url: str | None = None
+    workspace: Path | None = None
+    db_dsn: str | None = None
+    environment: Any = None  # an Environment backend (exec, logs), when one exists
+    task_id: str | None = None
+
+
+@dataclass
+class RunOptions:
+    compat: str = "strict"  # or "reference": the reference harness's inclusive rules
+    node_timeout_s: float = 120.0
+    http_timeout_s: float = 30.0
+    max_response_bytes: int = 5 * 1024 * 1024
+    judge_enabled: bool = False
+
+
+class RunContext:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        options: RunOptions | None = None,
+        auth_profile: "AuthProfile | None" = None,
+        variables: Mapping[str, Any] | None = None,
+        env_defaults: Mapping[str, str] | None = None,
+    ):
+        from saasbench.auth import AuthManager
+
+        self.target = target
+        self.options = options or RunOptions()
+        self.auth: AuthManager = AuthManager(auth_profile)
+        self.vars: dict[str, Any] = {}
+        self.vars.update(self.auth.profile.context_vars())
+        if target.base_url:
+            self.vars["base_url"] = target.base_url.rstrip("/")
+        self.vars.update(variables or {})
+        self.env_defaults = dict(env_defaults or {})
+        self.nodes: dict[str, dict[str, Any]] = {}  # node id -> outputs, for {{NODE.field}}
+        self.node_scope: dict[str, Any] = {}  # captures made by the node running now
+        self.last_response: HttpResponse | None = None
+        self.last_document: Any = MISSING  # what P07/P06 read: last body, P08 rows, P05 result
+        self.last_created_id: Any = None
+        self._http: HttpClient | None = None
+        self._deadline: float | None = None
+        self._resolver = Resolver(self._scopes, self._shell_var)
+
+    # --- placeholders ---------------------------------------------------------------------------
+    def _scopes(self) -> list[Mapping[str, Any]]:
+        return [self.node_scope, self.vars, self.nodes, self._builtins()]
+
+    def _builtins(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.last_created_id is not None:
+            out["_last_created_id"] = out["last_created_id"] = self.last_created_id
+        if self.last_response is not None:
+            out["_last_response_body"] = self.last_response.body
+            out["_last_status"] = self.last_response.status
+        return out
+
+    def _shell_var(self, name: str) -> Any:
+        if name in self.vars:
+            return self.vars[name]
+        if name in self.env_defaults:
+            return self.env_defaults[name]
+        return MISSING
+
+    def resolve(self, value: Any) -> Any:
+        """Resolve placeholders; raises UnresolvedPlaceholder naming the first unknown one."""
+        return self._resolver.resolve(value)
+
+    def resolver_with(self, extra: Mapping[str, Any]) -> Resolver:
+        """A resolver that looks in ``extra`` first (auth login bodies templated with user fields)."""
+        return Resolver(lambda: [extra, *self._scopes()], self._shell_var)
+
+    def capture(self, name: str, value: Any) -> None:
+        """Store a captured value for later ``{{name}}`` (run-wide and in the node's outputs)."""
+        self.vars[name] = value
+        self.node_scope[name] = value
+
+    # --- responses ------------------------------------------------------------------------------
+    def set_response(self, response: "HttpResponse") -> None:
+        self.last_response = response
+        self.last_document = response.body
+        created = extract_id(response.body) if response.status in (200, 201) and response.method in ("POST", "PUT") else None
+        if created is not None:
+            self.last_created_id = created
+            self.node_scope.setdefault("created_id", created)
+
+    # --- HTTP and time --------------------------------------------------------------------------
+    @property
+    def http(self) -> "HttpClient":
+        if self._http is None:
+            from saasbench.http import HttpClient
+
+            if not self.target.base_url:
+                raise RuntimeError("no base URL: this primitive needs --base-url")
+            self._http = HttpClient(self.target.base_url, max_bytes=self.options.max_response_bytes, timeout_s=self.options.http_timeout_s)
+        return self._http
+
+    def start_node_clock(self, seconds: float) -> None:
+        self._deadline = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        if self._deadline is None:
+            return float("inf")
+        return self._deadline - time.monotonic()
+
+    def timeout(self, requested: float | None = None) -> float:
+        """A timeout for one operation: the requested or default one, bounded by the node deadline."""
+        wanted = requested if requested and requested > 0 else self.options.http_timeout_s
+        return max(0.05, min(wanted, self.remaining()))
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+
+def extract_id(body: Any) -> Any:
+    """The id of a created entity in common response shapes: {id}, {data: {id}}, {result: {id}}."""
+    if isinstance(body, dict):
+        for key in ("id", "uuid"):
+            if key in body and isinstance(body[key], (str, int)) and not isinstance(body[key], bool):
+                return body[key]
+        for wrapper in ("data", "result", "item"):
+            inner = body.get(wrapper)
+            if isinstance(inner, dict):
+                found = extract_id(inner)
+                if found is not None:
+                    return found
+    return None
+

@@ -1,0 +1,517 @@
+"""Canonical validation-DAG model and the one loader that normalises every legacy variant.
+
+The public SaaSBench DAGs come in several dialects (``primitive_chain`` vs ``steps``, step key
+``primitive`` vs ``type``, ``llm_judge`` vs ``llm-judge``, node-level ``max_score``, ...). The
+loader turns each of them into one canonical :class:`Dag`, records every normalisation it applied
+and every defect it found, and refuses files it cannot trust with errors that name the file, the
+node id and the field. See docs/dag-semantics.md.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import graphlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Method = Literal["binary", "weighted", "llm-judge"]
+
+METHOD_ALIASES: dict[str, Method] = {
+    "binary": "binary",
+    "weighted": "weighted",
+    "llm-judge": "llm-judge",
+    "llm_judge": "llm-judge",
+    "llm-as-judge": "llm-judge",
+    "llm_as_judge": "llm-judge",
+}
+
+# Node keys the loader understands; anything else is kept in ``extras`` and reported.
+_NODE_KEYS = {
+    "id", "description", "prereqs", "primitive_chain", "steps", "scoring", "complexity_tier",
+    "kb_refs", "source_evidence", "run_last", "_run_last", "max_score", "evidence",
+}
+# Free-text authoring notes seen in real DAGs: kept verbatim, never warned about.
+_ANNOTATION_KEYS = {"_eval_fix", "_honesty_note", "_normaliser", "_round19_note", "_baseline_known_gap"}
+_SCORING_KEYS = {"category", "subcategory", "method", "maxScore", "max_score"}
+
+
+class Step(BaseModel):
+    """One primitive invocation in a node's chain."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    inputs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Scoring(BaseModel):
+    category: str = "Uncategorized"
+    subcategory: str = ""
+    method: Method
+    maxScore: float = Field(ge=0)
+    extras: dict[str, Any] = Field(default_factory=dict)
+
+
+class Node(BaseModel):
+    id: str
+    description: str = ""
+    prereqs: list[str] = Field(default_factory=list)
+    steps: list[Step]
+    scoring: Scoring
+    complexity_tier: str | None = None
+    kb_refs: list[str] = Field(default_factory=list)
+    source_evidence: dict[str, Any] | None = None
+    run_last: bool = False
+    extras: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def max_score(self) -> float:
+        return self.scoring.maxScore
+
+    @property
+    def method(self) -> Method:
+        return self.scoring.method
+
+
+class Dag(BaseModel):
+    """A loaded, normalised DAG. ``nodes`` keep file order; use :func:`execution_order` to run."""
+
+    source: str = "<memory>"
+    meta: dict[str, Any] = Field(default_factory=dict)
+    scoring_config: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[Node]
+
+    def node(self, node_id: str) -> Node:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    @property
+    def total_max_score(self) -> float:
+        return sum(n.max_score for n in self.nodes)
+
+    @property
+    def env_defaults(self) -> dict[str, str]:
+        raw = self.meta.get("env_defaults") or {}
+        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+
+class Issue(BaseModel):
+    """One finding of the loader. ``kind`` is error, warning or normalisation."""
+
+    kind: Literal["error", "warning", "normalisation"]
+    file: str
+    node: str | None = None
+    field: str | None = None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.node:
+            where += f" node {self.node}"
+        if self.field:
+            where += f" field {self.field}"
+        return f"{where}: {self.message}"
+
+
+class DagLoadError(Exception):
+    """Raised when a DAG cannot be trusted; carries every error found, not just the first."""
+
+    def __init__(self, issues: list[Issue]):
+        self.issues = [i for i in issues if i.kind == "error"]
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+class LoadResult(BaseModel):
+    dag: Dag
+    issues: list[Issue] = Field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[Issue]:
+        return [i for i in self.issues if i.kind == "warning"]
+
+    @property
+    def normalisations(self) -> list[Issue]:
+        return [i for i in self.issues if i.kind == "normalisation"]
+
+
+# --- normalisation notes raised from inside primitive input models -------------------------------
+_notes: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("saasbench_dag_notes", default=None)
+
+
+def note(message: str) -> None:
+    """Record a legacy-construct normalisation; primitive input models call this while validating."""
+    bucket = _notes.get()
+    if bucket is not None and message not in bucket:
+        bucket.append(message)
+
+
+PLACEHOLDER_RE = re.compile(r"\{\{\s*[A-Za-z_][\w.\[\]-]*\s*\}\}|\$\{[A-Za-z_]\w*(?::-[^}]*)?\}")
+
+
+def _has_placeholder(value: Any) -> bool:
+    return isinstance(value, str) and bool(PLACEHOLDER_RE.search(value))
+
+
+# --- the loader ------------------------------------------------------------------------------------
+class _Collector:
+    def __init__(self, file: str):
+        self.file = file
+        self.issues: list[Issue] = []
+
+    def add(self, kind: str, message: str, node: str | None = None, field: str | None = None) -> None:
+        self.issues.append(Issue(kind=kind, file=self.file, node=node, field=field, message=message))
+
+
+def load_dag(path: str | Path, *, validate_inputs: bool = True) -> LoadResult:
+    """Load and normalise a DAG file. Raises :class:`DagLoadError` listing every error."""
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise DagLoadError([Issue(kind="error", file=file, message=f"cannot read file: {exc.strerror or exc}")]) from exc
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DagLoadError([Issue(kind="error", file=file, message=f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")]) from exc
+    return load_dag_data(raw, source=file, validate_inputs=validate_inputs)
+
+
+def load_dag_data(raw: Any, *, source: str = "<memory>", validate_inputs: bool = True) -> LoadResult:
+    """Normalise already-parsed DAG JSON (a dict with ``nodes``, or a bare list of nodes)."""
+    c = _Collector(source)
+    if isinstance(raw, list):
+        raw = {"nodes": raw}
+        c.add("normalisation", "top level is a bare list of nodes; wrapped as {nodes: [...]}")
+    if not isinstance(raw, dict):
+        c.add("error", f"top level must be an object with 'nodes', got {type(raw).__name__}")
+        raise DagLoadError(c.issues)
+    meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
+    scoring_config = raw.get("scoring_config") if isinstance(raw.get("scoring_config"), dict) else {}
+    for key in raw:
+        if key not in {"meta", "scoring_config", "nodes"}:
+            c.add("warning", f"top-level key {key!r} not understood (kept out of the model)", field=key)
+    raw_nodes = raw.get("nodes")
+    if isinstance(raw_nodes, dict):  # {id: node} form
+        raw_nodes = [{"id": k, **v} if isinstance(v, dict) else v for k, v in raw_nodes.items()]
+        c.add("normalisation", "nodes given as an object keyed by id; converted to a list")
+    if not isinstance(raw_nodes, list):
+        c.add("error", "missing 'nodes' list", field="nodes")
+        raise DagLoadError(c.issues)
+
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for index, rn in enumerate(raw_nodes):
+        node = _load_node(rn, index, c, validate_inputs)
+        if node is None:
+            continue
+        if node.id in seen:
+            c.add("error", "duplicate node id", node=node.id, field="id")
+            continue
+        seen.add(node.id)
+        nodes.append(node)
+
+    for n in nodes:
+        for p in n.prereqs:
+            if p not in seen:
+                c.add("warning", f"prerequisite {p!r} names no node (ignored for gating; a DAG defect)", node=n.id, field="prereqs")
+            elif p == n.id:
+                c.add("error", "node lists itself as a prerequisite", node=n.id, field="prereqs")
+
+    if not any(i.kind == "error" for i in c.issues):
+        cycle = find_cycle(nodes)
+        if cycle:
+            c.add("error", "prerequisite cycle: " + " -> ".join(cycle), node=cycle[0], field="prereqs")
+    if any(i.kind == "error" for i in c.issues):
+        raise DagLoadError(c.issues)
+
+    _check_totals(meta, scoring_config, nodes, c)
+    if meta.get("execution_mode") == "custom_test_functions":
+        c.add("normalisation", "meta.execution_mode 'custom_test_functions': the primitive chains are executed as the specification")
+    dag = Dag(source=source, meta=meta, scoring_config=scoring_config, nodes=nodes)
+    return LoadResult(dag=dag, issues=c.issues)
+
+
+def _load_node(rn: Any, index: int, c: _Collector, validate_inputs: bool) -> Node | None:
+    if not isinstance(rn, dict):
+        c.add("error", f"node #{index} is not an object", field=f"nodes[{index}]")
+        return None
+    node_id = rn.get("id")
+    if not isinstance(node_id, str) or not node_id.strip():
+        c.add("error", f"node #{index} has no string 'id'", node=f"#{index}", field="id")
+        return None
+    errors_before = sum(1 for i in c.issues if i.kind == "error")
+
+    # chain
+    if "steps" in rn and "primitive_chain" in rn:
+        c.add("warning", "both 'steps' and 'primitive_chain' given; 'steps' wins", node=node_id, field="steps")
+    raw_steps = rn.get("steps", rn.get("primitive_chain"))
+    if "steps" not in rn and "primitive_chain" in rn:
+        c.add("normalisation", "legacy key 'primitive_chain' -> 'steps'", node=node_id, field="primitive_chain")
+    steps: list[Step] = []
+    if not isinstance(raw_steps, list) or not raw_steps:
+        c.add("error", "missing or empty 'steps'/'primitive_chain'", node=node_id, field="steps")
+    else:
+        for si, rs in enumerate(raw_steps):
+            step = _load_step(rs, node_id, si, c, validate_inputs)
+            if step is not None:
+                steps.append(step)
+
+    # scoring
+    scoring = _load_scoring(rn, node_id, c)
+
+    prereqs = rn.get("prereqs", [])
+    if prereqs is None:
+        prereqs = []
+    if isinstance(prereqs, str):
+        prereqs = [prereqs]
+        c.add("normalisation", "prereqs given as a string; wrapped in a list", node=node_id, field="prereqs")
+    if not isinstance(prereqs, list) or not all(isinstance(p, str) for p in prereqs):
+        c.add("error", "prereqs must be a list of node ids", node=node_id, field="prereqs")
+        prereqs = []
+
+    run_last = bool(rn.get("run_last", False))
+    if "_run_last" in rn:
+        run_last = run_last or bool(rn["_run_last"])
+        c.add("normalisation", "legacy key '_run_last' -> 'run_last'", node=node_id, field="_run_last")
+
+    extras: dict[str, Any] = {}
+    for key, value in rn.items():
+        if key in _NODE_KEYS:
+            continue
+        extras[key] = value
+        if key not in _ANNOTATION_KEYS:
+            c.add("warning", f"node key {key!r} not understood (kept verbatim in extras)", node=node_id, field=key)
+    if "evidence" in rn:
+        extras["evidence"] = rn["evidence"]
+
+    kb_refs = rn.get("kb_refs") or []
+    if isinstance(kb_refs, str):
+        kb_refs = [kb_refs]
+    if sum(1 for i in c.issues if i.kind == "error") > errors_before or scoring is None:
+        return None
+    try:
+        return Node(
+            id=node_id,
+            description=str(rn.get("description") or ""),
+            prereqs=list(dict.fromkeys(prereqs)),
+            steps=steps,
+            scoring=scoring,
+            complexity_tier=rn.get("complexity_tier"),
+            kb_refs=[str(k) for k in kb_refs],
+            source_evidence=rn.get("source_evidence") if isinstance(rn.get("source_evidence"), dict) else None,
+            run_last=run_last,
+            extras=extras,
+        )
+    except ValidationError as exc:
+        for err in exc.errors():
+            c.add("error", err["msg"], node=node_id, field=".".join(str(p) for p in err["loc"]))
+        return None
+
+
+def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | None:
+    raw = rn.get("scoring")
+    if not isinstance(raw, dict):
+        c.add("error", "missing 'scoring' object", node=node_id, field="scoring")
+        return None
+    method_raw = raw.get("method")
+    method = METHOD_ALIASES.get(str(method_raw).strip().lower()) if method_raw is not None else None
+    if method is None:
+        c.add("error", f"unknown scoring method {method_raw!r} (expected binary, weighted or llm-judge)", node=node_id, field="scoring.method")
+        return None
+    if method_raw != method:
+        c.add("normalisation", f"scoring method {method_raw!r} -> {method!r}", node=node_id, field="scoring.method")
+    max_score = raw.get("maxScore", raw.get("max_score"))
+    if "maxScore" not in raw and "max_score" in raw:
+        c.add("normalisation", "scoring.max_score -> scoring.maxScore", node=node_id, field="scoring.max_score")
+    if "max_score" in rn:
+        if max_score is None:
+            max_score = rn["max_score"]
+            c.add("normalisation", "node-level max_score -> scoring.maxScore", node=node_id, field="max_score")
+        elif _num(rn["max_score"]) != _num(max_score):
+            c.add("warning", f"node-level max_score {rn['max_score']!r} disagrees with scoring.maxScore {max_score!r}; scoring.maxScore wins", node=node_id, field="max_score")
+    value = _num(max_score)
+    if value is None:
+        c.add("error", f"maxScore must be a number, got {max_score!r}", node=node_id, field="scoring.maxScore")
+        return None
+    if value < 0:
+        c.add("error", f"maxScore must be >= 0, got {value:g}", node=node_id, field="scoring.maxScore")
+        return None
+    extras = {k: v for k, v in raw.items() if k not in _SCORING_KEYS}
+    for key in extras:
+        if key not in _ANNOTATION_KEYS:
+            c.add("warning", f"scoring key {key!r} not understood (kept)", node=node_id, field=f"scoring.{key}")
+    return Scoring(
+        category=str(raw.get("category") or "Uncategorized"),
+        subcategory=str(raw.get("subcategory") or ""),
+        method=method,
+        maxScore=value,
+        extras=extras,
+    )
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs: bool) -> Step | None:
+    field = f"steps[{index}]"
+    if not isinstance(rs, dict):
+        c.add("error", "step is not an object", node=node_id, field=field)
+        return None
+    code = rs.get("type")
+    if code is None and "primitive" in rs:
+        code = rs["primitive"]
+        c.add("normalisation", "legacy step key 'primitive' -> 'type'", node=node_id, field=f"{field}.primitive")
+    if not isinstance(code, str) or not code:
+        c.add("error", "step has no primitive code ('type')", node=node_id, field=f"{field}.type")
+        return None
+    code = code.strip()
+    inputs = rs.get("inputs", {})
+    if inputs is None:
+        inputs = {}
+    if not isinstance(inputs, dict):
+        c.add("error", "step inputs must be an object", node=node_id, field=f"{field}.inputs")
+        return None
+    for key in rs:
+        if key not in {"type", "primitive", "inputs"}:
+            c.add("warning", f"step key {key!r} not understood (ignored)", node=node_id, field=f"{field}.{key}")
+
+    from saasbench.primitives.registry import REGISTRY  # the one registry of primitive codes
+
+    spec = REGISTRY.spec(code)
+    if spec is None:
+        c.add("error", f"unknown primitive code {code!r}", node=node_id, field=f"{field}.type")
+        return None
+    if validate_inputs and spec.inputs is not None:
+        bucket: list[str] = []
+        token = _notes.set(bucket)
+        try:
+            model = spec.inputs.model_validate(inputs)
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = ".".join(str(p) for p in err["loc"])
+                if _has_placeholder(err.get("input")):
+                    continue  # resolved at run time; checked again then
+                c.add("error", f"{code}: {err['msg']}", node=node_id, field=f"{field}.inputs.{loc}" if loc else f"{field}.inputs")
+            model = None
+        finally:
+            _notes.reset(token)
+        for message in bucket:
+            c.add("normalisation", f"{code}: {message}", node=node_id, field=f"{field}.inputs")
+        if model is not None:
+            for key in (model.model_extra or {}):
+                c.add("warning", f"{code} input {key!r} not understood (ignored)", node=node_id, field=f"{field}.inputs.{key}")
+    return Step(type=code, inputs=inputs)
+
+
+def find_cycle(nodes: list[Node]) -> list[str] | None:
+    """Return one prerequisite cycle as ``[a, b, ..., a]``, or None."""
+    ids = {n.id for n in nodes}
+    graph = {n.id: [p for p in n.prereqs if p in ids] for n in nodes}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cyc = list(exc.args[1])
+        return list(reversed(cyc))
+    return None
+
+
+def execution_order(nodes: list[Node]) -> list[Node]:
+    """Stable topological order: Kahn's algorithm, ties in file order, ``run_last`` nodes at the end.
+
+    Prereqs that name no node are ignored here (the loader reported them). ``run_last`` nodes
+    keep their relative order among themselves and still respect prerequisites between them.
+    """
+    position = {n.id: i for i, n in enumerate(nodes)}
+    by_id = {n.id: n for n in nodes}
+
+    def kahn(group: list[Node], done: set[str]) -> list[Node]:
+        members = {n.id for n in group}
+        pending = {n.id: sum(1 for p in set(n.prereqs) if p in members and p not in done) for n in group}
+        dependents: dict[str, list[str]] = {n.id: [] for n in group}
+        for n in group:
+            for p in set(n.prereqs):
+                if p in members and p not in done:
+                    dependents[p].append(n.id)
+        import heapq
+
+        ready = [position[i] for i, k in pending.items() if k == 0]
+        heapq.heapify(ready)
+        out: list[Node] = []
+        while ready:
+            nid = nodes[heapq.heappop(ready)].id
+            out.append(by_id[nid])
+            for d in dependents[nid]:
+                pending[d] -= 1
+                if pending[d] == 0:
+                    heapq.heappush(ready, position[d])
+        if len(out) != len(group):  # the loader rejects cycles; be explicit if called directly
+            raise ValueError("prerequisite cycle among: " + ", ".join(sorted(set(members) - {n.id for n in out})))
+        return out
+
+    first = kahn([n for n in nodes if not n.run_last], set())
+    # A normal node that depends on a run_last node must wait for it: move such nodes too.
+    deferred_ids = {n.id for n in nodes if n.run_last}
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            if n.id not in deferred_ids and any(p in deferred_ids for p in n.prereqs):
+                deferred_ids.add(n.id)
+                changed = True
+    if len(deferred_ids) > sum(1 for n in nodes if n.run_last):
+        first = kahn([n for n in nodes if n.id not in deferred_ids], set())
+    done = {n.id for n in first}
+    last = kahn([n for n in nodes if n.id in deferred_ids], done)
+    return first + last
+
+
+def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: list[Node], c: _Collector) -> None:
+    """Compare advisory totals with node sums; node sums win, disagreements are warnings."""
+    total = sum(n.max_score for n in nodes)
+    declared_nodes = meta.get("total_nodes")
+    if isinstance(declared_nodes, int) and declared_nodes != len(nodes):
+        c.add("warning", f"meta.total_nodes says {declared_nodes}, the file has {len(nodes)} nodes (node count wins)", field="meta.total_nodes")
+    for where, container in (("meta", meta), ("scoring_config", scoring_config)):
+        for key in ("total_maxScore", "total_max_score"):
+            if key in container:
+                declared = _num(container[key])
+                if declared is None or abs(declared - total) > 1e-9:
+                    c.add("warning", f"{where}.{key} says {container[key]!r}, nodes sum to {total:g} (node sum wins)", field=f"{where}.{key}")
+    cats = scoring_config.get("categories")
+    if isinstance(cats, dict):
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for n in nodes:
+            sums[n.scoring.category] = sums.get(n.scoring.category, 0.0) + n.max_score
+            counts[n.scoring.category] = counts.get(n.scoring.category, 0) + 1
+        for cat, value in cats.items():
+            declared = value if isinstance(value, (int, float)) and not isinstance(value, bool) else (value.get("maxScore") if isinstance(value, dict) else None)
+            if isinstance(value, dict) and "maxScore" not in value:
+                continue  # weight/description shapes carry no totals to check
+            if cat not in sums:
+                c.add("warning", f"scoring_config category {cat!r} has no nodes", field=f"scoring_config.categories.{cat}")
+                continue
+            if _num(declared) is not None and abs(_num(declared) - sums[cat]) > 1e-9:  # type: ignore[operator]
+                c.add("warning", f"scoring_config category {cat!r} maxScore {declared!r} disagrees with node sum {sums[cat]:g}", field=f"scoring_config.categories.{cat}")
+            if isinstance(value, dict) and isinstance(value.get("node_count"), int) and value["node_count"] != counts[cat]:
+                c.add("warning", f"scoring_config category {cat!r} node_count {value['node_count']} disagrees with {counts[cat]} nodes", field=f"scoring_config.categories.{cat}")
+        for cat in sums:
+            if cat not in cats:
+                c.add("warning", f"category {cat!r} used by nodes is missing from scoring_config.categories", field="scoring_config.categories")
