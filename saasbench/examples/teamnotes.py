@@ -358,7 +358,7 @@ class Handler(BaseHTTPRequestHandler):
             raise HttpError(400, {"error": "bad_request"}) from None
         if length > MAX_BODY:
             self.close_connection = True
-            raise HttpError(413, {"error": "payload_too_large"}, [("Connection", "close")])
+            raise HttpError(413, {"error": "payload_too_large"})
         return self.rfile.read(length) if length > 0 else b""
 
     def _read_chunked(self) -> bytes:
@@ -374,7 +374,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.rfile.readline(1024)
                 if len(body) > MAX_BODY:
                     self.close_connection = True
-                    raise HttpError(413, {"error": "payload_too_large"}, [("Connection", "close")])
+                    raise HttpError(413, {"error": "payload_too_large"})
         except ValueError:
             self.close_connection = True
             raise HttpError(400, {"error": "bad_request"}) from None
@@ -388,6 +388,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
         for key, value in headers or []:
             self.send_header(key, value)
+        if self.close_connection and not any(k.lower() == "connection" for k, _ in headers or []):
+            self.send_header("Connection", "close")  # tell pooled clients not to reuse it
         self.end_headers()
         self._responded = True
         if body and self.command != "HEAD" and status != 204:
