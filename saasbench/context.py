@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from saasbench.placeholders import MISSING, Resolver
 
@@ -66,6 +66,9 @@ class RunContext:
         self.last_document: Any = MISSING  # what P07/P06 read: last body, P08 rows, P05 result
         self.last_created_id: Any = None
         self._http: HttpClient | None = None
+        self.judge: Any = None  # a saasbench.judge.Judge when an LLM judge is configured
+        self.resources: dict[str, Any] = {}  # per-run handles (database connection, browser, ...)
+        self._closers: list[Callable[[], None]] = []
         self._deadline: float | None = None
         self._resolver = Resolver(self._scopes, self._shell_var)
 
@@ -135,7 +138,17 @@ class RunContext:
         wanted = requested if requested and requested > 0 else self.options.http_timeout_s
         return max(0.05, min(wanted, self.remaining()))
 
+    def add_closer(self, fn: "Callable[[], None]") -> None:
+        """Run ``fn`` when the run ends (close a DB connection, a browser...); errors are swallowed."""
+        self._closers.append(fn)
+
     def close(self) -> None:
+        while self._closers:
+            try:
+                self._closers.pop()()
+            except Exception:  # closing must never hide the run's results
+                pass
+        self.resources.clear()
         if self._http is not None:
             self._http.close()
             self._http = None
