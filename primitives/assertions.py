@@ -1,1 +1,648 @@
-"""Assertion primitives. Implemented by the HTTP-primitives work."""
+"""Assertion primitives: P06 (required fields and types) and P07 (path-based value assertions).
+
+Both read the run's *last document* (the last response body, a P05 result, P08 rows) unless a
+``response``/``source`` input names another value. Paths use :mod:`saasbench.jsonpath`.
+Every P07 dialect found in real DAGs is normalised by the input models into one canonical
+assertion ``{path, op, expected, expected_type, tolerance, save_as}``; each normalisation is
+recorded with :func:`saasbench.dag.note`. The app's data never raises: a missing field, a wrong
+type or a non-JSON body is a failed assertion with the actual value in the message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from saasbench.context import RunContext
+from saasbench.dag import PLACEHOLDER_RE, note
+from saasbench.jsonpath import ABSENT, PathError, parse
+from saasbench.jsonpath import evaluate as path_value
+from saasbench.placeholders import MISSING, UnresolvedPlaceholder
+from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.results import StepResult
+
+MAX_REGEX_SUBJECT = 100_000  # chars; Python's re has no timeout, so bound the work instead
+JWT_CLOCK_SLACK_S = 300  # app container and harness clocks may disagree a little
+_FROM_MAGIC = re.compile(r"^\s*\{\{\s*from_P\d+\s*\}\}\s*$")
+_NAME = re.compile(r"^[A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])*$")
+
+# --- vocabulary ----------------------------------------------------------------------------------
+OPERATORS: dict[str, str] = {
+    "equals": "equals", "equal": "equals", "eq": "equals", "==": "equals", "=": "equals",
+    "not_equals": "not_equals", "not_equal": "not_equals", "ne": "not_equals", "neq": "not_equals", "!=": "not_equals",
+    "contains": "contains", "not_contains": "not_contains", "contains_text": "contains_text",
+    "not_contains_id": "not_contains_id",
+    "exists": "exists", "json_path_exists": "exists", "present": "exists",
+    "not_exists": "not_exists", "absent": "not_exists", "undefined": "not_exists",
+    "not_null": "not_null", "is_not_null": "not_null", "is_null": "is_null", "null": "is_null",
+    "not_empty": "not_empty", "non_empty": "not_empty", "is_empty": "is_empty", "empty": "is_empty",
+    "is_array": "is_array",
+    "gte": "gte", ">=": "gte", "greater_than_or_equal": "gte", "ge": "gte",
+    "lte": "lte", "<=": "lte", "less_than_or_equal": "lte", "le": "lte",
+    "gt": "gt", ">": "gt", "greater_than": "gt",
+    "lt": "lt", "<": "lt", "less_than": "lt",
+    "in": "in", "one_of": "in", "not_in": "not_in",
+    "all_equal": "all_equal",
+    "matches_regex": "matches_regex", "regex": "matches_regex", "regex_match": "matches_regex", "matches": "matches_regex",
+    "jwt_decode": "jwt_decode",
+}
+UNARY = {"exists", "not_exists", "not_null", "is_null", "not_empty", "is_empty", "is_array", "jwt_decode"}
+TYPE_NAMES: dict[str, str] = {
+    "string": "string", "str": "string", "text": "string",
+    "number": "number", "float": "number", "double": "number", "decimal": "number", "numeric": "number",
+    "integer": "integer", "int": "integer",
+    "boolean": "boolean", "bool": "boolean",
+    "object": "object", "dict": "object", "map": "object",
+    "array": "array", "list": "array",
+    "null": "null", "none": "null",
+}
+_ASSERTION_KEYS = {"path", "op", "operator", "match_type", "assertion", "expected", "exists", "type", "expected_type",
+                   "expected_in", "contains", "tolerance", "save_as", "capture_as", "description", "pattern",
+                   "claims", "algorithm"}
+
+
+def _has_placeholder(value: Any) -> bool:
+    return isinstance(value, str) and bool(PLACEHOLDER_RE.search(value))
+
+
+@functools.lru_cache(maxsize=256)
+def compile_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def type_name(value: Any) -> str:
+    """The JSON type of a value; booleans are never numbers."""
+    if value is ABSENT:
+        return "absent"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, (float, Decimal)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return type(value).__name__
+
+
+def has_type(value: Any, wanted: str) -> bool:
+    """JSON Schema rules: an integer is a number; 5.0 is an integer; a boolean is neither."""
+    actual = type_name(value)
+    if wanted == "number":
+        return actual in ("integer", "number")
+    if wanted == "integer" and actual == "number":
+        try:
+            return float(value).is_integer()
+        except (ValueError, OverflowError):
+            return False
+    return actual == wanted
+
+
+def normalise_type(value: Any) -> str:
+    name = TYPE_NAMES.get(str(value).strip().lower())
+    if name is None:
+        raise ValueError(f"unknown type name {value!r} (use one of string, number, integer, boolean, object, array, null)")
+    return name
+
+
+# --- P07 canonical assertion ---------------------------------------------------------------------
+class Assertion(BaseModel):
+    """One canonical assertion. ``expected`` is ignored by unary operators."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str = Field(default="$", description="Path into the document (see saasbench.jsonpath)")
+    op: str = Field(default="equals", description="Canonical operator (aliases and legacy keys are normalised)")
+    expected: Any = Field(default=None, description="Expected value; a list for 'in'; a regex for matches_regex")
+    expected_type: str | None = Field(default=None, description="Also require this JSON type (string|number|integer|boolean|object|array|null)")
+    tolerance: float | None = Field(default=None, ge=0, description="Numeric equality tolerance")
+    save_as: str | None = Field(default=None, description="Capture the value at path under this name (legacy: capture_as)")
+    description: str | None = None
+    claims: dict[str, Any] = Field(default_factory=dict, description="jwt_decode: claim -> rule or literal value")
+    algorithm: str | None = Field(default=None, description="jwt_decode: expected 'alg' of the token header (not verified)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("an assertion must be an object")
+        return normalise_assertion(data)
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not _has_placeholder(value):
+            try:
+                parse(value)
+            except PathError as exc:
+                raise ValueError(str(exc)) from exc
+        return value
+
+
+def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
+    """Turn any dialect seen in real DAGs into the canonical keys, noting every legacy form."""
+    a = dict(raw)
+    op_keys = [k for k in ("op", "operator", "match_type", "assertion") if k in a]
+    op_raw: Any = None
+    if op_keys:
+        values = {OPERATORS.get(str(a[k]).strip().lower(), str(a[k])) for k in op_keys}
+        if len(values) > 1:
+            raise ValueError(f"conflicting operators {', '.join(f'{k}={a[k]!r}' for k in op_keys)}")
+        key = op_keys[0]
+        op_raw = a[key]
+        for k in op_keys:
+            a.pop(k)
+        if key not in ("op", "operator"):  # both are canonical spellings
+            note(f"operator key {key!r} -> op")
+    op: str | None = None
+    if op_raw is not None:
+        op = OPERATORS.get(str(op_raw).strip().lower())
+        if op is None:
+            raise ValueError(f"unknown operator {op_raw!r}")
+    if "capture_as" in a:
+        a.setdefault("save_as", a.pop("capture_as"))
+        note("assertion 'capture_as' -> save_as")
+    if "type" in a:
+        a.setdefault("expected_type", a.pop("type"))
+        note("assertion 'type' -> expected_type")
+    if a.get("expected_type") is not None:
+        a["expected_type"] = normalise_type(a["expected_type"])
+    if "exists" in a:
+        flag = a.pop("exists")
+        if op is None:
+            op = "exists" if flag not in (False, "false", 0) else "not_exists"
+        note("form '\"exists\": bool' -> op exists/not_exists")
+    if "pattern" in a:
+        a.setdefault("expected", a.pop("pattern"))
+        if op is None:
+            op = "matches_regex"
+    if "expected_in" in a:
+        a.setdefault("expected", a.pop("expected_in"))
+        op = op or "in"
+        note("'expected_in' -> op in")
+    if "contains" in a and "expected" not in a:
+        a["expected"] = a.pop("contains")
+        op = op or "contains"
+        note("'contains' without expected -> op contains")
+    if op is None and isinstance(a.get("expected"), str):
+        magic = a["expected"]
+        if magic == "not_empty":
+            op = "not_empty"
+        elif magic == "array":
+            op = "is_array"
+        elif magic == "undefined":
+            op = "not_exists"
+        elif magic.startswith("contains:"):
+            op, a["expected"] = "contains", magic[len("contains:"):]
+        if op is not None:
+            note(f"magic expected string {magic if not magic.startswith('contains:') else 'contains:<text>'!r} -> op {op}")
+    if op is None:
+        if "expected" in a:
+            op = "equals"
+        else:
+            op = "exists"  # only a path, or a path and a type
+    a["op"] = op
+    if op == "matches_regex":
+        pattern = a.get("expected")
+        if not isinstance(pattern, str):
+            raise ValueError("matches_regex needs a pattern string")
+        if not _has_placeholder(pattern):
+            try:
+                compile_regex(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
+    if op in ("in", "not_in") and not isinstance(a.get("expected"), (list, tuple)) and not _has_placeholder(a.get("expected")):
+        raise ValueError(f"operator {op!r} needs a list of values")
+    for key in a:
+        if key not in _ASSERTION_KEYS:
+            note(f"assertion key {key!r} not understood (ignored)")
+    return a
+
+
+class P07Inputs(PrimitiveInputs):
+    assertions: list[Assertion] = Field(description="All must pass (the single-assertion forms are normalised into this list)")
+    response: Any = Field(default=None, description="Assert on this value instead of the last document: a captured name, a placeholder or inline JSON")
+    source: Any = Field(default=None, description="Same as response (family-B name)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "assertions" not in data and any(k in data for k in ("assertion", "path", "expected", "op", "operator", "match_type")):
+            single = {k: data.pop(k) for k in list(data) if k in _ASSERTION_KEYS}
+            data["assertions"] = [single]
+            note("single-assertion form (top-level assertion/path/expected) -> assertions: [...]")
+        if isinstance(data.get("assertions"), dict):
+            data["assertions"] = [data["assertions"]]
+            note("assertions given as one object -> list")
+        if isinstance(data.get("assertions"), list) and not data["assertions"]:
+            raise ValueError("assertions is empty: nothing would be checked")
+        for key in ("response", "source"):
+            if isinstance(data.get(key), str) and _FROM_MAGIC.match(data[key]):
+                data[key] = None
+                note(f"{key} '{{{{from_Pnn}}}}' -> the last document")
+        return data
+
+
+# --- documents -----------------------------------------------------------------------------------
+class Doc:
+    """What assertions look at: a value plus, when it is a response body, its headers and text."""
+
+    def __init__(self, value: Any, headers: Mapping[str, str] | None = None, text: str | None = None, label: str = "last document"):
+        self.value, self.headers, self.text, self.label = value, headers, text, label
+
+    def get(self, path: str) -> Any:
+        return path_value(path, self.value, headers=self.headers, text=self.text)
+
+
+def load_document(ctx: RunContext, ref: Any) -> Doc | str:
+    """The document named by ``ref`` (None = the last document); a str is an error message."""
+    if ref is None:
+        if ctx.last_document is MISSING:
+            return "no document to check: no earlier step in this run produced a response or result"
+        response = ctx.last_response
+        if response is not None and ctx.last_document is response.body:
+            return Doc(response.body, response.headers, response.text, f"body of {response.method} {response.url}")
+        return Doc(ctx.last_document)
+    try:
+        if isinstance(ref, str) and not _has_placeholder(ref):
+            if not _NAME.match(ref.strip()):
+                return f"response/source {ref!r} is neither a captured name nor a placeholder"
+            value, label = ctx.resolve("{{" + ref.strip() + "}}"), f"captured {ref.strip()!r}"
+        else:
+            value, label = ctx.resolve(ref), "the given response"
+    except UnresolvedPlaceholder as exc:
+        return str(exc)
+    if isinstance(value, Mapping) and {"status", "headers", "body"} <= set(value):
+        headers = value["headers"] if isinstance(value["headers"], Mapping) else None
+        return Doc(value["body"], headers, None, label)
+    return Doc(value, label=label)
+
+
+def short(value: Any, limit: int = 200) -> str:
+    if value is ABSENT:
+        return "<absent>"
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"...(+{len(text) - limit} chars)"
+
+
+# --- comparisons ---------------------------------------------------------------------------------
+def _number(value: Any) -> float | Decimal | None:
+    """A number, or a numeric string, as a number; booleans and everything else -> None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, Decimal)):
+        return value
+    if isinstance(value, str) and value.strip():
+        try:
+            number = Decimal(value.strip())
+        except ArithmeticError:
+            return None
+        return number if number.is_finite() else None
+    return None
+
+
+def _decimal(value: float | Decimal) -> Decimal | None:
+    """Exact decimal of a number (floats via their shortest repr); None for NaN/infinity."""
+    number = value if isinstance(value, Decimal) else Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    return number if number.is_finite() else None
+
+
+def values_equal(actual: Any, expected: Any, tolerance: float | None = None) -> bool:
+    """Equality of app data with DAG data.
+
+    null matches null or absent; booleans match booleans only; a number and a numeric string
+    are compared as numbers (DB drivers and some APIs return numerics as strings), within
+    ``tolerance``; strings compare exactly; objects and arrays compare deeply with these rules.
+    """
+    if expected is None:
+        return actual is None or actual is ABSENT
+    if actual is ABSENT:
+        return False
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return isinstance(expected, bool) and isinstance(actual, bool) and actual == expected
+    if isinstance(expected, (int, float, Decimal)) or isinstance(actual, (int, float, Decimal)):
+        a, e = _number(actual), _number(expected)
+        if a is None or e is None:
+            return False
+        da, de = _decimal(a), _decimal(e)
+        if da is None or de is None:
+            return False
+        return abs(da - de) <= _decimal(float(tolerance or 0))
+    if isinstance(expected, str) or isinstance(actual, str):
+        return isinstance(actual, str) and isinstance(expected, str) and actual == expected
+    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
+        return set(expected) == set(actual) and all(values_equal(actual[k], expected[k], tolerance) for k in expected)
+    if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+        return len(expected) == len(actual) and all(values_equal(a, e, tolerance) for a, e in zip(actual, expected))
+    return actual == expected
+
+
+def _order(actual: Any, expected: Any) -> tuple[Any, Any] | str:
+    a, e = _number(actual), _number(expected)
+    da = _decimal(a) if a is not None else None
+    de = _decimal(e) if e is not None else None
+    if da is None or de is None:
+        return f"not comparable as numbers: actual {short(actual)}, expected {short(expected)}"
+    return da, de
+
+
+def _present(value: Any) -> bool:
+    return value is not ABSENT and value is not None
+
+
+def _empty(value: Any) -> bool:
+    if not _present(value):
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, (list, tuple, Mapping)):
+        return len(value) == 0
+    return False
+
+
+def _contains(actual: Any, expected: Any) -> bool:
+    if isinstance(actual, str):
+        if isinstance(expected, str):
+            return expected in actual
+        return _present(expected) and not isinstance(expected, (dict, list)) and _scalar_text(expected) in actual
+    if isinstance(actual, (list, tuple)):
+        if isinstance(expected, (list, tuple)):
+            return all(any(values_equal(a, e) for a in actual) for e in expected)
+        return any(values_equal(a, expected) for a in actual)
+    if isinstance(actual, Mapping):
+        return str(expected) in actual
+    return False
+
+
+def _scalar_text(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _contains_id(actual: Any, wanted: Any) -> bool:
+    items = actual if isinstance(actual, (list, tuple)) else [actual]
+    for item in items:
+        candidate = item.get("id", ABSENT) if isinstance(item, Mapping) else item
+        if candidate is not ABSENT and str(candidate) == str(wanted):
+            return True
+    return False
+
+
+def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
+    """Evaluate one canonical assertion on the value found at its path; (passed, why-not)."""
+    op, expected = a.op, a.expected
+    if a.expected_type is not None and not has_type(value, a.expected_type):
+        return False, f"type {type_name(value)}, expected {a.expected_type}"
+    if op == "exists" or op == "not_null":
+        return _present(value), "absent" if value is ABSENT else "null"
+    if op in ("not_exists", "is_null"):
+        return not _present(value), f"present: {short(value)}"
+    if op == "not_empty":
+        return not _empty(value), "empty" if _present(value) else ("absent" if value is ABSENT else "null")
+    if op == "is_empty":
+        return _empty(value), f"not empty: {short(value)}"
+    if op == "is_array":
+        return isinstance(value, list), f"{type_name(value)}, not an array"
+    if op == "jwt_decode":
+        return _check_jwt(a, value, doc)
+    if value is ABSENT and not (op == "equals" and expected is None):  # expected null: absent counts
+        return False, "absent"
+    if op == "equals":
+        return values_equal(value, expected, a.tolerance), "not equal"
+    if op == "not_equals":
+        return not values_equal(value, expected, a.tolerance), "equal"
+    if op == "contains":
+        return _contains(value, expected), "does not contain it"
+    if op == "not_contains":
+        return not _contains(value, expected), "contains it"
+    if op == "contains_text":
+        return str(expected).casefold() in _text(value).casefold(), "text does not contain it (case-insensitive)"
+    if op == "not_contains_id":
+        return not _contains_id(value, expected), "an element has that id"
+    if op in ("gte", "lte", "gt", "lt"):
+        pair = _order(value, expected)
+        if isinstance(pair, str):
+            return False, pair
+        x, y = pair
+        return {"gte": x >= y, "lte": x <= y, "gt": x > y, "lt": x < y}[op], "comparison false"
+    if op in ("in", "not_in"):
+        if not isinstance(expected, (list, tuple)):
+            return False, f"expected a list of values, got {short(expected)}"
+        found = any(values_equal(value, e, a.tolerance) for e in expected)
+        return found if op == "in" else not found, "not among them" if op == "in" else "among them"
+    if op == "all_equal":
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            return False, "no values to compare (empty list)"
+        bad = [v for v in items if not values_equal(v, expected, a.tolerance)]
+        return not bad, f"{len(bad)}/{len(items)} differ, e.g. {short(bad[0]) if bad else ''}"
+    if op == "matches_regex":
+        if isinstance(value, (dict, list)) or value is None:
+            return False, f"{type_name(value)} is not text"
+        subject = _text(value) if not isinstance(value, str) else value
+        if len(subject) > MAX_REGEX_SUBJECT:
+            subject = subject[:MAX_REGEX_SUBJECT]
+        try:
+            return compile_regex(str(expected)).search(subject) is not None, "no match"
+        except re.error as exc:
+            return False, f"invalid regex: {exc}"
+    return False, f"operator {op!r} not implemented"  # unreachable: the model rejects unknown operators
+
+
+# --- JWT -----------------------------------------------------------------------------------------
+_JWT_RE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_FUTURE_RE = re.compile(r"^future_timestamp(?:_(\d+)([smhd]))?$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _find_jwt(value: Any, depth: int = 0) -> str | None:
+    if isinstance(value, str):
+        return value if _JWT_RE.match(value) and value.startswith("eyJ") else None
+    if depth > 8:
+        return None
+    children = value.values() if isinstance(value, Mapping) else value if isinstance(value, list) else []
+    for child in children:
+        found = _find_jwt(child, depth + 1)
+        if found:
+            return found
+    return None
+
+
+def _b64json(part: str) -> Any:
+    raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    return json.loads(raw)
+
+
+def _check_jwt(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
+    """Decode a JWT WITHOUT verifying its signature (the harness has no key) and check claims.
+
+    Claim rules: ``uuid_format``; ``future_timestamp`` (after now); ``future_timestamp_<N><s|m|h|d>``
+    (after now and at most N units + 5 min ahead); ``exists``/``not_empty``; anything else is
+    a literal value compared with P07 equality. ``algorithm`` is compared with the header's
+    ``alg`` (a claim of the token, not a verification).
+    """
+    token = value if isinstance(value, str) and _JWT_RE.match(value) else (_find_jwt(value) if a.path.strip() in ("", "$") else None)
+    if token is None:
+        return False, f"no JWT at {a.path}: {short(value)}"
+    header_part, payload_part, _ = token.split(".")
+    try:
+        header, payload = _b64json(header_part), _b64json(payload_part)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return False, "token is not a decodable JWT"
+    if not isinstance(header, dict) or not isinstance(payload, dict):
+        return False, "JWT header/payload are not JSON objects"
+    problems: list[str] = []
+    if a.algorithm and str(header.get("alg", "")).upper() != a.algorithm.upper():
+        problems.append(f"alg {header.get('alg')!r}, expected {a.algorithm!r}")
+    now = time.time()
+    for claim, rule in a.claims.items():
+        actual = payload.get(claim, ABSENT)
+        ok, why = _claim_ok(actual, rule, now)
+        if not ok:
+            problems.append(f"claim {claim} {short(actual)}: {why}")
+    return not problems, "; ".join(problems)
+
+
+def _claim_ok(actual: Any, rule: Any, now: float) -> tuple[bool, str]:
+    if isinstance(rule, str):
+        if rule == "uuid_format":
+            return isinstance(actual, str) and bool(_UUID_RE.match(actual)), "not a UUID"
+        if rule in ("exists", "not_empty"):
+            return not _empty(actual), "absent or empty"
+        m = _FUTURE_RE.match(rule)
+        if m:
+            if isinstance(actual, bool) or not isinstance(actual, (int, float)):
+                return False, "not a numeric timestamp"
+            if actual <= now:
+                return False, f"not in the future ({actual - now:+.0f}s)"
+            if m.group(1):
+                horizon = int(m.group(1)) * _UNITS[m.group(2)] + JWT_CLOCK_SLACK_S
+                if actual - now > horizon:
+                    return False, f"{actual - now:.0f}s ahead, more than {horizon}s"
+            return True, ""
+    return values_equal(actual, rule), f"expected {short(rule)}"
+
+
+# --- P07 -----------------------------------------------------------------------------------------
+@primitive("P07", P07Inputs, raw_fields={"response", "source"})
+def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
+    """Every assertion holds on the last document (or the named one)."""
+    ref = inputs.response if inputs.response is not None else inputs.source
+    doc = load_document(ctx, ref)
+    if isinstance(doc, str):
+        return StepResult(passed=False, message=doc)
+    rows: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for a in inputs.assertions:
+        try:
+            value = doc.get(a.path)
+        except PathError as exc:
+            ok, why, value = False, str(exc), ABSENT
+        else:
+            ok, why = check(a, value, doc)
+        if a.save_as and value is not ABSENT:
+            ctx.capture(a.save_as, value)
+        what = f"{a.path} {a.op}" + ("" if a.op in UNARY else f" {short(a.expected, 80)}") + (f" ({a.expected_type})" if a.expected_type else "")
+        rows.append({"path": a.path, "op": a.op, "expected": a.expected, "actual": short(value), "passed": ok})
+        if not ok:
+            failures.append(f"{what}: actual {short(value)} [{why}]")
+    passed = not failures
+    message = f"{len(rows) - len(failures)}/{len(rows)} assertions passed on {doc.label}"
+    if failures:
+        message += "; failed: " + "; ".join(failures)
+    return StepResult(passed=passed, message=message, evidence={"assertions": rows, "document": doc.label})
+
+
+# --- P06 -----------------------------------------------------------------------------------------
+class P06Inputs(PrimitiveInputs):
+    required_fields: list[str] = Field(default_factory=list, description="Dotted paths that must be present (and not null)")
+    field_types: dict[str, str] = Field(default_factory=dict, description="path -> JSON type name (string|number|integer|boolean|object|array|null)")
+    response: Any = Field(default=None, description="Check this value instead of the last document: a captured name, a placeholder or inline JSON")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("response"), str) and _FROM_MAGIC.match(data["response"]):
+            data["response"] = None
+            note("response '{{from_Pnn}}' -> the last document")
+        if isinstance(data.get("required_fields"), str):
+            data["required_fields"] = [data["required_fields"]]
+            note("required_fields given as a string -> list")
+        if not data.get("required_fields") and not data.get("field_types"):
+            raise ValueError("P06 needs required_fields or field_types: nothing would be checked")
+        return data
+
+    @field_validator("field_types")
+    @classmethod
+    def _types(cls, value: dict[str, str]) -> dict[str, str]:
+        return {path: normalise_type(name) for path, name in value.items()}
+
+
+@primitive("P06", P06Inputs, raw_fields={"response"})
+def json_schema_match(inputs: P06Inputs, ctx: RunContext) -> StepResult:
+    """Required fields are present (not null) and typed as declared; a list body checks its first element."""
+    doc = load_document(ctx, inputs.response)
+    if isinstance(doc, str):
+        return StepResult(passed=False, message=doc)
+    body = doc.value
+    if isinstance(body, list):
+        if not body:
+            return StepResult(passed=False, message=f"{doc.label} is an empty list: no element to check")
+        body = body[0]
+    if not isinstance(body, Mapping):
+        response = ctx.last_response
+        detail = f" ({response.json_error})" if inputs.response is None and response is not None and response.json_error else ""
+        return StepResult(passed=False, message=f"{doc.label} is not a JSON object{detail}: {short(body)}")
+    missing: list[str] = []
+    wrong: list[str] = []
+    for field in inputs.required_fields:
+        try:
+            value = path_value(field, body)
+        except PathError as exc:
+            missing.append(f"{field} ({exc})")
+            continue
+        if not _present(value):
+            missing.append(field if value is ABSENT else f"{field} (null)")
+    for field, wanted in inputs.field_types.items():
+        try:
+            value = path_value(field, body)
+        except PathError as exc:
+            wrong.append(f"{field} ({exc})")
+            continue
+        if not has_type(value, wanted):
+            wrong.append(f"{field}: {type_name(value)}, expected {wanted}")
+    checked = len(inputs.required_fields) + len(inputs.field_types)
+    problems = ([f"missing: {', '.join(missing)}"] if missing else []) + ([f"wrong types: {'; '.join(wrong)}"] if wrong else [])
+    message = f"{checked - len(missing) - len(wrong)}/{checked} field checks passed on {doc.label}"
+    if problems:
+        message += "; " + "; ".join(problems) + f"; keys present: {short(sorted(body)[:30])}"
+    return StepResult(passed=not problems, message=message, evidence={"missing": missing, "wrong_types": wrong})

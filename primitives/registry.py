@@ -130,6 +130,13 @@ class Registry:
         if old is not None:
             self._specs[code] = PrimitiveSpec(old.code, old.name, old.group, old.description, reserved=old.reserved)
 
+    def remove(self, code: str) -> None:
+        """Forget a plugin code entirely; catalogue codes go back to pending instead."""
+        if code in {c for c, *_ in _CATALOGUE}:
+            self.unregister(code)
+        else:
+            self._specs.pop(code, None)
+
     _loaded = False
 
     def _ensure_builtins(self) -> None:

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from saasbench.placeholders import MUSTACHE, SHELL
+
 Method = Literal["binary", "weighted", "llm-judge"]
 
 METHOD_ALIASES: dict[str, Method] = {
@@ -151,7 +153,9 @@ def note(message: str) -> None:
         bucket.append(message)
 
 
-PLACEHOLDER_RE = re.compile(r"\{\{\s*[A-Za-z_][\w.\[\]-]*\s*\}\}|\$\{[A-Za-z_]\w*(?::-[^}]*)?\}")
+# The same placeholder grammar as the resolver (saasbench.placeholders), so the loader and the
+# run time agree on what is a placeholder.
+PLACEHOLDER_RE = re.compile(f"{MUSTACHE.pattern}|{SHELL.pattern}")
 
 
 def _has_placeholder(value: Any) -> bool:

@@ -100,6 +100,7 @@ class Engine:
 
         ctx = self.ctx
         ctx.node_scope = {}
+        response_before = ctx.last_response
         ctx.start_node_clock(ctx.options.node_timeout_s)
         t0 = time.perf_counter()
         records: list[StepRecord] = []
@@ -131,7 +132,7 @@ class Engine:
                 break  # evidence could not be gathered: the app's failure, not the judge's
 
         score, status, message = self._score(node, status, message, step_results, records)
-        ctx.nodes[node.id] = self._outputs(status, score, step_results)
+        ctx.nodes[node.id] = self._outputs(status, score, response_before)
         if node.id in self.options.quarantine:
             message = f"quarantined; ran as {status.value}: {message}"
             status = Status.QUARANTINED
@@ -142,8 +143,8 @@ class Engine:
 
         spec = REGISTRY.spec(code)
         if spec is None or spec.fn is None or spec.inputs is None:
-            state = "reserved in the paper and" if spec is not None and spec.reserved else ""
-            raise PrimitiveUnavailable(f"primitive {code} is {state} not available in this build of saasbench")
+            state = "reserved in the paper and not" if spec is not None and spec.reserved else "not"
+            raise PrimitiveUnavailable(f"primitive {code} is {state} available in this build of saasbench")
         try:
             resolved = {k: (v if k in spec.raw_fields else self.ctx.resolve(v)) for k, v in raw_inputs.items()}
         except UnresolvedPlaceholder as exc:
@@ -183,11 +184,12 @@ class Engine:
         score = round(scoring.judge_score(judge.judge_score or 0.0, judge.judge_range, node.max_score), 4)
         return score, scoring.status_for(score, node.max_score, score > 0), judge.message or f"judge score {judge.judge_score}"
 
-    def _outputs(self, status: Status, score: float, results: list[StepResult]) -> dict:
+    def _outputs(self, status: Status, score: float, response_before) -> dict:
+        """What ``{{NODE.field}}`` can read: the node's captures, verdict and its own last response."""
         out = dict(self.ctx.node_scope)
         out.update(status=status.value, passed=status == Status.PASSED, score=score)
         response = self.ctx.last_response
-        if response is not None:
+        if response is not None and response is not response_before:
             out.setdefault("status_code", response.status)
             out.setdefault("response_body", response.body)
         if "created_id" in out:

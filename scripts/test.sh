@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Run the saasbench test suite from a fresh clone: creates .venv if missing, installs the
+# package with its test extras, isolates Prefect/litellm state, then runs pytest.
+#
+#   bash scripts/test.sh                      # whole suite
+#   bash scripts/test.sh tests/test_cli.py -k evaluate
+#
+# Environment: PYTHON (interpreter used to create .venv, default python3; needs >= 3.11).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON="${PYTHON:-python3}"
+VENV=.venv
+
+# System packages the tests need. None yet; later apt installs (Chromium for the browser
+# primitives, PostgreSQL client/server for the database primitives, ...) go here.
+install_system_deps() {
+    :
+}
+
+# Services the tests need while they run (and their cleanup in stop_services). None yet.
+start_services() {
+    :
+}
+
+stop_services() {
+    :
+}
+
+ensure_venv() {
+    if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        if ! command -v "$PYTHON" >/dev/null 2>&1; then
+            echo "error: $PYTHON not found; install Python >= 3.11 or set PYTHON=/path/to/python3" >&2
+            exit 2
+        fi
+        if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+            echo "error: $PYTHON is $("$PYTHON" -V 2>&1); saasbench needs Python >= 3.11 (set PYTHON=...)" >&2
+            exit 2
+        fi
+        echo "creating $VENV with $("$PYTHON" -V 2>&1)"
+        rm -rf "$VENV"
+        if ! "$PYTHON" -m venv "$VENV"; then
+            echo "error: '$PYTHON -m venv' failed; on Debian/Ubuntu install the venv module: apt-get install python3-venv" >&2
+            exit 2
+        fi
+    fi
+    # Reinstall only when the project metadata changed (the install is editable: code changes need none).
+    local stamp="$VENV/.saasbench-test-install" want
+    want="$("$VENV/bin/python" -c 'import hashlib, sys; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        echo "installing saasbench[test] into $VENV"
+        "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e '.[test]'
+        echo "$want" >"$stamp"
+    fi
+}
+
+install_system_deps
+ensure_venv
+
+PREFECT_HOME="$(mktemp -d "${TMPDIR:-/tmp}/saasbench-prefect.XXXXXX")"
+export PREFECT_HOME
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+
+cleanup() {
+    stop_services
+    rm -rf "$PREFECT_HOME"
+}
+trap cleanup EXIT
+
+start_services
+
+status=0
+"$VENV/bin/python" -m pytest -q "$@" || status=$?
+exit "$status"
