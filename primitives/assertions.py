@@ -16,7 +16,6 @@ import functools
 import json
 import re
 import time
-import uuid
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -183,20 +182,23 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         note("assertion 'type' -> expected_type")
     if a.get("expected_type") is not None:
         a["expected_type"] = normalise_type(a["expected_type"])
+    given = [k for k in ("expected", "pattern", "expected_in", "contains") if k in a]
+    if len(given) > 1:
+        raise ValueError(f"give one of expected/pattern/expected_in/contains, not {' and '.join(given)}")
     if "exists" in a:
         flag = a.pop("exists")
         if op is None:
             op = "exists" if flag not in (False, "false", 0) else "not_exists"
         note("form '\"exists\": bool' -> op exists/not_exists")
     if "pattern" in a:
-        a.setdefault("expected", a.pop("pattern"))
+        a["expected"] = a.pop("pattern")
         if op is None:
             op = "matches_regex"
     if "expected_in" in a:
-        a.setdefault("expected", a.pop("expected_in"))
+        a["expected"] = a.pop("expected_in")
         op = op or "in"
         note("'expected_in' -> op in")
-    if "contains" in a and "expected" not in a:
+    if "contains" in a:
         a["expected"] = a.pop("contains")
         op = op or "contains"
         note("'contains' without expected -> op contains")

@@ -31,7 +31,7 @@ class P13Inputs(PrimitiveInputs):
                 if key in data:
                     creds[key] = data.pop(key)
             data["credentials"] = creds
-            note("P13 top-level username/password/email -> credentials")
+            note("top-level username/password/email -> credentials")
         return data
 
 

@@ -114,6 +114,11 @@ class RunContext:
             self.last_created_id = created
             self.node_scope.setdefault("created_id", created)
 
+    def clear_response(self) -> None:
+        """Forget the last response (a request that got none must not leave a stale one to judge)."""
+        self.last_response = None
+        self.last_document = MISSING
+
     # --- HTTP and time --------------------------------------------------------------------------
     @property
     def http(self) -> "HttpClient":

@@ -186,13 +186,12 @@ def _step(value: Any, seg: Any) -> Any:
 
 def _rich(expr: str, document: Any) -> Any:
     """Filters, slices and recursive descent through jsonpath-ng; a list of matches."""
-    from jsonpath_ng.exceptions import JsonPathLexerError, JsonPathParserError
     from jsonpath_ng.ext import parse as jp_parse
 
     text = expr if expr.startswith("$") else "$." + expr
     try:
         compiled = jp_parse(text)
-    except (JsonPathLexerError, JsonPathParserError, Exception) as exc:  # jsonpath-ng raises plain Exception too
+    except Exception as exc:  # jsonpath-ng raises its own errors and plain Exception for bad text
         raise PathError(f"cannot parse path {expr!r}: {exc}") from exc
     if document is ABSENT:
         return ABSENT

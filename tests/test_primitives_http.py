@@ -360,6 +360,8 @@ def test_p07_normalisations_are_noted_and_bad_inputs_rejected_at_load() -> None:
     assert any("invalid regex" in e for e in load_errors("P07", {"assertions": [{"path": "$.a", "op": "regex", "expected": "("}]}))
     assert any("cannot parse path" in e for e in load_errors("P07", {"assertions": [{"path": "$.a[", "expected": 1}]}))
     assert any("empty" in e for e in load_errors("P07", {"assertions": []}))
+    assert any("not expected and contains" in e for e in load_errors("P07", {"assertions": [{"path": "$.a", "expected": 1, "contains": 2}]}))
+    assert any("conflicting operators" in e for e in load_errors("P07", {"assertions": [{"path": "$.a", "op": "gt", "operator": "lt"}]}))
     assert any("unknown type" in e for e in load_errors("P07", {"assertions": [{"path": "$.a", "expected_type": "uuid"}]}))
 
 
