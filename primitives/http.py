@@ -27,7 +27,6 @@ from saasbench.dag import note
 from saasbench.http import HttpResponse, Identity, ResponseTooLarge
 from saasbench.jsonpath import ABSENT, PathError
 from saasbench.jsonpath import evaluate as path_value
-from saasbench.placeholders import MISSING
 from saasbench.primitives.registry import PrimitiveInputs, primitive
 from saasbench.results import StepResult
 
