@@ -12,10 +12,24 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
 VENV=.venv
 
-# System packages the tests need. None yet; later apt installs (Chromium for the browser
-# primitives, PostgreSQL client/server for the database primitives, ...) go here.
+# System packages the tests start for real: PostgreSQL and MariaDB servers (database
+# primitives; the tests run initdb/mariadbd themselves on 127.0.0.1). Installed only when
+# missing, so a warm machine pays nothing.
+APT_PACKAGES=(postgresql mariadb-server)
 install_system_deps() {
-    :
+    local missing=()
+    for pkg in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; then
+        echo "error: missing system packages: ${missing[*]} (install them as root)" >&2
+        exit 2
+    fi
+    local SUDO=""; [ "$(id -u)" != 0 ] && SUDO=sudo
+    echo "installing system packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 # Services the tests need while they run (and their cleanup in stop_services). None yet.

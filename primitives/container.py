@@ -1,0 +1,220 @@
+"""Container primitives P12 (container_exec) and P21 (log_content_check).
+
+Both act through the trial's Environment backend (``ctx.target.environment``, see
+:mod:`saasbench.environment`): P12 runs a shell command where the app runs (the app container,
+or the local workspace for the local backend), P21 reads a log. Without an environment the step
+fails with a message; evaluating a bare ``--base-url`` cannot run commands in the app.
+
+Limits: each output stream is capped at 1 MiB by the environment (the evidence keeps the last
+2,000 characters of each); the command's timeout is bounded by the node deadline; P21 reads log
+files of at most 100 MiB from the workspace (an absolute path outside it fails the step).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from saasbench.context import RunContext
+from saasbench.dag import note
+from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.results import StepResult
+
+NO_ENVIRONMENT = "no environment: {code} needs an environment backend (run the task through a trial, not --base-url alone)"
+EVIDENCE_CHARS = 2000
+
+
+def _environment(ctx: RunContext, code: str) -> Any:
+    return getattr(ctx.target, "environment", None)
+
+
+def _tail_chars(text: str, n: int = EVIDENCE_CHARS) -> str:
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+MatchType = Literal["contains", "regex", "icontains"]
+_MATCH_ALIASES = {"substring": "contains", "string": "contains", "literal": "contains", "exact": "contains",
+                  "regexp": "regex", "re": "regex", "pattern": "regex", "contains_ci": "icontains",
+                  "case_insensitive": "icontains"}
+
+
+def _normalise_match_type(data: dict[str, Any]) -> None:
+    mtype = data.get("match_type")
+    if isinstance(mtype, str) and mtype.strip().lower() in _MATCH_ALIASES:
+        data["match_type"] = _MATCH_ALIASES[mtype.strip().lower()]
+        note(f"match_type {mtype!r} -> {data['match_type']!r}")
+
+
+def _find(text: str, pattern: str, match_type: str) -> bool:
+    if match_type == "regex":
+        return bool(re.search(pattern, text, re.MULTILINE))
+    if match_type == "icontains":
+        return pattern.casefold() in text.casefold()
+    return pattern in text
+
+
+# --- P12 ---------------------------------------------------------------------------------------------
+class P12Inputs(PrimitiveInputs):
+    command: str = Field(min_length=1, description="Shell command, run with bash -c in the workspace of the app's environment")
+    container: str | None = Field(default=None, description="Container name in the public harness; recorded, ignored by the local backend")
+    expect_exit_code: int | None = Field(default=None, description="Exit code that passes (default 0 unless expect_success is false)")
+    expect_success: bool | None = Field(default=None, description="true: exit code 0 passes; false: any non-zero exit code passes")
+    expect_output_contains: str | list[str] | None = Field(
+        default=None, description="Case-sensitive substring(s) that stdout+stderr must all contain")
+    expect_output_regex: str | None = Field(default=None, description="Python regex searched (MULTILINE) in stdout+stderr")
+    capture_stdout_as: str | None = Field(default=None, description="Capture the last non-empty stdout line as {{name}}")
+    timeout: float = Field(default=120.0, gt=0, description="Seconds; bounded by the node deadline")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in ("cmd", "script", "shell"):
+            if key in data and "command" not in data:
+                data["command"] = data.pop(key)
+                note(f"'{key}' -> 'command'")
+        for key in ("container_name", "service"):
+            if key in data and "container" not in data:
+                data["container"] = data.pop(key)
+                note(f"'{key}' -> 'container'")
+        for key in ("expected_exit_code", "exit_code"):
+            if key in data and "expect_exit_code" not in data:
+                data["expect_exit_code"] = data.pop(key)
+                note(f"'{key}' -> 'expect_exit_code'")
+        for key in ("expected_output", "expect_output", "output_contains", "expect_stdout_contains"):
+            if key in data and "expect_output_contains" not in data:
+                data["expect_output_contains"] = data.pop(key)
+                note(f"'{key}' -> 'expect_output_contains'")
+        if "timeout_s" in data and "timeout" not in data:
+            data["timeout"] = data.pop("timeout_s")
+            note("'timeout_s' -> 'timeout'")
+        return data
+
+
+@primitive("P12", P12Inputs)
+def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
+    """Run a command in the app's environment; pass on the expected exit code and output."""
+    env = _environment(ctx, "P12")
+    if env is None:
+        return StepResult(passed=False, message=NO_ENVIRONMENT.format(code="P12"))
+    timeout = ctx.timeout(inputs.timeout)
+    result = env.exec(inputs.command, timeout_s=timeout)
+    output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
+    evidence: dict[str, Any] = {
+        "command": inputs.command, "container": inputs.container, "backend": getattr(env, "kind", None),
+        "exit_code": result.exit_code, "timed_out": result.timed_out, "truncated": result.truncated,
+        "timeout_s": round(timeout, 3), "stdout": _tail_chars(result.stdout), "stderr": _tail_chars(result.stderr),
+    }
+    value = {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr, "output": output}
+
+    problems: list[str] = []
+    if result.timed_out:
+        problems.append(f"timed out after {timeout:g}s")
+    elif inputs.expect_exit_code is not None:
+        if result.exit_code != inputs.expect_exit_code:
+            problems.append(f"exit code {result.exit_code}, expected {inputs.expect_exit_code}")
+    elif inputs.expect_success is False:
+        if result.exit_code == 0:
+            problems.append("exit code 0, expected a failure (expect_success: false)")
+    elif result.exit_code != 0:
+        problems.append(f"exit code {result.exit_code}, expected 0")
+    wanted = inputs.expect_output_contains
+    for needle in [wanted] if isinstance(wanted, str) else (wanted or []):
+        if needle not in output:
+            problems.append(f"output does not contain {needle!r}")
+    if inputs.expect_output_regex is not None:
+        try:
+            if not re.search(inputs.expect_output_regex, output, re.MULTILINE):
+                problems.append(f"output does not match /{inputs.expect_output_regex}/")
+        except re.error as exc:
+            problems.append(f"invalid expect_output_regex: {exc}")
+    if inputs.capture_stdout_as:
+        lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+        if lines:
+            ctx.capture(inputs.capture_stdout_as, lines[-1].strip())
+            evidence["captured"] = {inputs.capture_stdout_as: lines[-1].strip()}
+        else:
+            problems.append(f"capture_stdout_as {inputs.capture_stdout_as!r}: stdout is empty")
+    if problems:
+        last = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] if not result.timed_out else []
+        hint = f" (last output line: {last[0][:200]!r})" if last else ""
+        return StepResult(passed=False, message="; ".join(problems) + hint, value=value, evidence=evidence)
+    return StepResult(passed=True, message=f"exit code {result.exit_code}", value=value, evidence=evidence)
+
+
+# --- P21 ---------------------------------------------------------------------------------------------
+class P21Inputs(PrimitiveInputs):
+    log_path: str = Field(default="log/production.log",
+                          description="A log file relative to the workspace, or the name of a service the environment started (e.g. 'app')")
+    pattern: str = Field(min_length=1, description="Text to find (contains/icontains) or a Python regex (regex)")
+    match_type: MatchType = Field(default="contains", description="contains (case-sensitive), icontains, or regex (MULTILINE)")
+    tail_lines: int = Field(default=200, ge=1, description="Search only the last N lines")
+    expect_match: bool = Field(default=True, description="false: pass when the pattern is absent")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in ("path", "log_file", "file", "service"):
+            if key in data and "log_path" not in data:
+                data["log_path"] = data.pop(key)
+                note(f"'{key}' -> 'log_path'")
+        for key in ("tail", "lines"):
+            if key in data and "tail_lines" not in data:
+                data["tail_lines"] = data.pop(key)
+                note(f"'{key}' -> 'tail_lines'")
+        for key in ("contains", "regex"):
+            if key in data and "pattern" not in data:
+                data["pattern"] = data.pop(key)
+                data.setdefault("match_type", "regex" if key == "regex" else "contains")
+                note(f"'{key}' -> 'pattern'")
+        _normalise_match_type(data)
+        return data
+
+
+@primitive("P21", P21Inputs)
+def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
+    """The last lines of a log (workspace file or service log) contain (or do not contain) a pattern."""
+    env = _environment(ctx, "P21")
+    if env is None:
+        return StepResult(passed=False, message=NO_ENVIRONMENT.format(code="P21"))
+    source = "file"
+    text: str | None = None
+    try:
+        text = env.logs(inputs.log_path, inputs.tail_lines)
+        source = "service"
+    except KeyError:
+        pass
+    if text is None:
+        from saasbench.environment import EnvError, PathEscape
+
+        try:
+            raw = env.read_file(inputs.log_path)
+        except FileNotFoundError:
+            return StepResult(passed=False, message=f"log {inputs.log_path!r} not found (no such workspace file or service)",
+                              evidence={"log_path": inputs.log_path})
+        except (PathEscape, EnvError, IsADirectoryError, OSError) as exc:
+            return StepResult(passed=False, message=f"cannot read log {inputs.log_path!r}: {exc}", evidence={"log_path": inputs.log_path})
+        text = "\n".join(raw.decode("utf-8", errors="replace").splitlines()[-inputs.tail_lines:])
+    if inputs.match_type == "regex":
+        try:
+            re.compile(inputs.pattern)
+        except re.error as exc:
+            return StepResult(passed=False, message=f"invalid regex {inputs.pattern!r}: {exc}")
+    found = bool(_find(text, inputs.pattern, inputs.match_type))
+    evidence = {"log_path": inputs.log_path, "source": source, "pattern": inputs.pattern, "match_type": inputs.match_type,
+                "tail_lines": inputs.tail_lines, "found": found, "excerpt": _tail_chars(text, 1000)}
+    passed = found == inputs.expect_match
+    if passed:
+        msg = f"{inputs.pattern!r} {'found' if found else 'absent'} in the last {inputs.tail_lines} lines of {inputs.log_path}"
+    elif found:
+        msg = f"{inputs.pattern!r} found in {inputs.log_path}, expected absent"
+    else:
+        msg = f"{inputs.pattern!r} not found in the last {inputs.tail_lines} lines of {inputs.log_path}"
+    return StepResult(passed=passed, message=msg, value={"found": found}, evidence=evidence)
