@@ -366,6 +366,12 @@ def run_evaluation(
     dry_run: bool = False,
     quarantine: set[str] | None = None,
     require_up: bool = False,
+    db_dsn: str | None = None,
+    judge_model: str | None = None,
+    judge_api_base: str | None = None,
+    judge_api_key_env: str | None = None,
+    judge_cache_dir: Path | None = None,
+    judge_votes: int = 1,
     console: Console | None = None,
 ) -> tuple["RunReport", Path]:
     """Load, check, run and write ``report.json``; raises ``typer.Exit`` when it cannot run."""
@@ -419,10 +425,23 @@ def run_evaluation(
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _fail(f"cannot create output folder {out_dir}: {exc.strerror or exc}") from None
-    target = Target(base_url=base_url, workspace=workspace.resolve() if workspace else None, task_id=dag.meta.get("task_id"))
+    judge = None
+    if judge_model:
+        from pydantic import ValidationError
+
+        from saasbench.judge import Judge, JudgeConfig
+
+        try:
+            judge = Judge(JudgeConfig(model=judge_model, api_base=judge_api_base, api_key_env=judge_api_key_env,
+                                      cache_dir=judge_cache_dir, votes=judge_votes))
+        except ValidationError as exc:
+            raise _fail("invalid judge settings: " + "; ".join(e["msg"] for e in exc.errors())) from None
+    target = Target(base_url=base_url, workspace=workspace.resolve() if workspace else None, db_dsn=db_dsn,
+                    task_id=dag.meta.get("task_id"))
     options = RunOptions(compat=compat, node_timeout_s=node_timeout, http_timeout_s=http_timeout,
-                         max_response_bytes=max_response_bytes)
+                         max_response_bytes=max_response_bytes, judge_enabled=judge is not None)
     ctx = RunContext(target, options=options, auth_profile=profile, variables=variables or {}, env_defaults=dag.env_defaults)
+    ctx.judge = judge
     engine = Engine(dag, ctx, EngineOptions(only=list(only or []), categories=list(categories or []), dry_run=dry_run,
                                             quarantine=quarantine))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -456,6 +475,12 @@ def evaluate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only: every node is DRY_RUN, nothing is sent")] = False,
     quarantine: Annotated[Optional[Path], typer.Option("--quarantine", help="File of node ids (one per line) run but left out of the score")] = None,
     require_up: Annotated[bool, typer.Option("--require-up", help="Exit 3 if the base URL does not answer, instead of running anyway")] = False,
+    db_dsn: Annotated[Optional[str], typer.Option("--db-dsn", help="App database for P08-P11: postgresql://, sqlite:////abs/path, mysql://, mongodb://")] = None,
+    judge_model: Annotated[Optional[str], typer.Option("--judge-model", help="litellm model string for P17; without it judge nodes are SKIPPED_LLM")] = None,
+    judge_api_base: Annotated[Optional[str], typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge (a gateway or local server)")] = None,
+    judge_api_key_env: Annotated[Optional[str], typer.Option("--judge-api-key-env", help="NAME of the environment variable holding the judge's API key")] = None,
+    judge_cache_dir: Annotated[Optional[Path], typer.Option("--judge-cache-dir", help="Cache judge replies here (keyed by model, prompt and evidence)")] = None,
+    judge_votes: Annotated[int, typer.Option("--judge-votes", min=1, help="k independent judge calls; median score, spread recorded")] = 1,
 ) -> None:
     """Score a running app with a validation DAG and write report.json.
 
@@ -469,7 +494,9 @@ def evaluate(
     report, report_path = run_evaluation(
         dag_path=dag, base_url=base_url, workspace=workspace, auth=auth, only=only, categories=category, out_dir=out,
         compat=compat.value, node_timeout=node_timeout, http_timeout=http_timeout, max_response_bytes=max_response_bytes,
-        variables=variables, dry_run=dry_run, quarantine=q, require_up=require_up, console=console,
+        variables=variables, dry_run=dry_run, quarantine=q, require_up=require_up, db_dsn=db_dsn,
+        judge_model=judge_model, judge_api_base=judge_api_base, judge_api_key_env=judge_api_key_env,
+        judge_cache_dir=judge_cache_dir, judge_votes=judge_votes, console=console,
     )
     render_summary(console, report, report_path)
 

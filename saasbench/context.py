@@ -34,6 +34,7 @@ class Target:
 class RunOptions:
     compat: str = "strict"  # or "reference": the reference harness's inclusive rules
     node_timeout_s: float = 120.0
+    judge_node_timeout_s: float = 900.0  # llm-judge nodes: room for the judge's own retries
     http_timeout_s: float = 30.0
     max_response_bytes: int = 5 * 1024 * 1024
     judge_enabled: bool = False
@@ -66,6 +67,7 @@ class RunContext:
         self.last_document: Any = MISSING  # what P07/P06 read: last body, P08 rows, P05 result
         self.last_created_id: Any = None
         self._http: HttpClient | None = None
+        self.node_max_score: float | None = None  # maxScore of the node running now (P17's default range)
         self.judge: Any = None  # a saasbench.judge.Judge when an LLM judge is configured
         self.resources: dict[str, Any] = {}  # per-run handles (database connection, browser, ...)
         self._closers: list[Callable[[], None]] = []

@@ -101,7 +101,9 @@ class Engine:
         ctx = self.ctx
         ctx.node_scope = {}
         response_before = ctx.last_response
-        ctx.start_node_clock(ctx.options.node_timeout_s)
+        ctx.node_max_score = node.max_score
+        budget = ctx.options.judge_node_timeout_s if node.method == "llm-judge" else ctx.options.node_timeout_s
+        ctx.start_node_clock(budget)
         t0 = time.perf_counter()
         records: list[StepRecord] = []
         step_results: list[StepResult] = []
@@ -110,7 +112,7 @@ class Engine:
         judge_info = None
         for index, step in enumerate(node.steps):
             if ctx.remaining() <= 0:
-                status, message = Status.FAILED, f"node deadline of {ctx.options.node_timeout_s:g}s exceeded before step {index} ({step.type})"
+                status, message = Status.FAILED, f"node deadline of {budget:g}s exceeded before step {index} ({step.type})"
                 break
             s0 = time.perf_counter()
             try:
@@ -226,7 +228,8 @@ def build_report(dag: Dag, results: list[NodeResult], *, started_at: str, elapse
         compat=ctx.options.compat if ctx else "strict",
         started_at=started_at,
         options={"node_timeout_s": ctx.options.node_timeout_s, "http_timeout_s": ctx.options.http_timeout_s,
-                 "max_response_bytes": ctx.options.max_response_bytes, "judge_enabled": ctx.options.judge_enabled} if ctx else {},
+                 "max_response_bytes": ctx.options.max_response_bytes, "judge_enabled": ctx.options.judge_enabled,
+                 "judge_model": getattr(getattr(ctx.judge, "config", None), "model", None)} if ctx else {},
         summary=summary,
         categories=scoring.group_by(results, lambda r: r.category),
         complexity_tiers=scoring.group_by(results, lambda r: r.complexity_tier),

@@ -1,0 +1,257 @@
+"""Judge primitive: P17 llm_judge (rubric-based LLM scoring of gathered evidence).
+
+The step asks the run's judge (``ctx.judge``, a :class:`saasbench.judge.Judge`) to score
+evidence against the node's rubric and hands the engine ``judge_score`` on ``judge_range``;
+the engine turns it into points (``clip(judge * M / hi, 0, M)``, docs/dag-semantics.md).
+
+Outcomes:
+
+- judge disabled (no judge on the context, or ``RunOptions.judge_enabled`` False), judge API
+  unavailable after retries, or no parseable score: ``judge_skipped=True`` -> SKIPPED_LLM;
+- no evidence (no workspace file, no response, no page): the step fails -> the node is FAILED,
+  with ``unreachable=True`` when the app did not answer (a missing page is the app's failure,
+  not the judge's outage);
+- otherwise ``passed = score > 0`` with the call's model, prompt hash, evidence digest, reply
+  excerpt, latency and cache flag as evidence.
+
+Evidence types: ``code_files`` (workspace sample, see :func:`saasbench.judge.code_evidence`),
+``http_response_body``/``http_response_html`` (the last response), ``rendered_dom`` (set by
+RENDER_DOM), ``screenshot`` (PNG paths in ``screenshots``, sent as images, with the DOM as text).
+The rubric text is taken verbatim (no placeholder resolution: rubrics quote templates).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from saasbench.primitives.registry import PrimitiveInputs, primitive
+
+from saasbench.context import RunContext
+from saasbench.dag import note
+from saasbench.judge import (
+    MAX_FILES,
+    MAX_IMAGES,
+    PER_FILE_CHARS,
+    TOTAL_CHARS,
+    Evidence,
+    NoEvidence,
+    code_evidence,
+    dom_evidence,
+    response_evidence,
+    screenshot_evidence,
+)
+from saasbench.results import StepResult
+
+EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot"]
+_EVIDENCE_ALIASES = {
+    "codebase": "code_files", "code": "code_files", "files": "code_files", "source_code": "code_files",
+    "last_body": "http_response_body", "response_body": "http_response_body", "api_response": "http_response_body",
+    "http_response": "http_response_body", "last_response": "http_response_body",
+    "html": "http_response_html", "dom": "rendered_dom", "screenshots": "screenshot",
+}
+DEFAULT_SCORE_RANGE = (0.0, 5.0)  # the reference harness's default, used only when nothing else tells
+_RUBRIC_RANGE_RE = re.compile(
+    r"(?i)\b(?:score|scores|scoring|range|rate|points?)\b[^0-9\n]{0,24}?(0)\s*(?:-|–|—|\.\.|to)\s*(\d+(?:\.\d+)?)\b")
+RAW_REPLY_EXCERPT = 500
+RAW_FIELDS = frozenset({"rubric_prompt", "prompt", "rubric"})  # rubric text is sent verbatim, never placeholder-resolved
+
+
+def _score_range(value: Any) -> Any:
+    """[lo, hi] from a list, 'lo-hi' text, {min, max} or a single top value n (-> [0, n])."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return [0, value]
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(?:-|–|\.\.|to|,)\s*(-?\d+(?:\.\d+)?)\s*", value)
+        if m:
+            return [float(m.group(1)), float(m.group(2))]
+        try:
+            return [0, float(value)]
+        except ValueError:
+            return value
+    if isinstance(value, dict):
+        lo = value.get("min", value.get("lo", 0))
+        hi = value.get("max", value.get("hi"))
+        return [lo, hi] if hi is not None else value
+    return value
+
+
+class P17Inputs(PrimitiveInputs):
+    rubric_prompt: str = Field(min_length=1, description="The rubric (aliases: prompt, rubric); sent verbatim as the user message's Rubric section")
+    score_range: tuple[float, float] | None = Field(
+        default=None, description="[lo, hi] of the judge's score (aliases: max_score/maxScore n -> [0, n]); "
+        "default [0, node maxScore]")
+    evidence_type: EvidenceType = Field(default="code_files", description="What the judge sees (alias evidence_source; codebase -> code_files, last_body -> http_response_body)")
+    files_to_sample: list[str] = Field(default_factory=list, description="code_files entries: files, dirs, globs (src/**/*.ts) or keyword:<word>; "
+                                       "none = whole workspace (alias evidence_files)")
+    sample_strategy: str = Field(default="head", description="head (also first, structure_and_key_files) or tail: which part of each file")
+    max_files: int = Field(default=MAX_FILES, ge=1, description="Files sampled at most (alias sample_limit)")
+    per_file_chars: int = Field(default=PER_FILE_CHARS, ge=100, description="Characters per file at most")
+    total_chars: int = Field(default=TOTAL_CHARS, ge=500, description="Characters of evidence at most (aliases evidence_prompt_budget, max_evidence_chars)")
+    extensions: list[str] | None = Field(default=None, description="Only files with these extensions from dirs/globs/keywords")
+    max_images: int = Field(default=MAX_IMAGES, ge=1, description="screenshot: the latest N screenshots are sent")
+    rubric_id: str | None = Field(default=None, description="Rubric identifier (R01...), recorded with the call")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in ("prompt", "rubric"):
+            if key in data and "rubric_prompt" not in data:
+                data["rubric_prompt"] = data.pop(key)
+                note(f"P17 '{key}' -> 'rubric_prompt'")
+        rubric = data.get("rubric_prompt")
+        if isinstance(rubric, list):
+            data["rubric_prompt"] = "\n".join(str(x) for x in rubric)
+            note("P17 rubric given as a list -> lines")
+        if "evidence_source" in data and "evidence_type" not in data:
+            data["evidence_type"] = data.pop("evidence_source")
+            note("P17 'evidence_source' -> 'evidence_type'")
+        kind = data.get("evidence_type")
+        if isinstance(kind, str):
+            canon = kind.strip().lower()
+            canon = _EVIDENCE_ALIASES.get(canon, canon)
+            if canon != kind:
+                data["evidence_type"] = canon
+                note(f"P17 evidence_type {kind!r} -> {canon!r}")
+        for key in ("max_score", "maxScore"):
+            if key in data:
+                value = data.pop(key)
+                if "score_range" not in data:
+                    data["score_range"] = [0, value]
+                    note(f"P17 '{key}' -> 'score_range' [0, n]")
+        if "score_range" in data:
+            data["score_range"] = _score_range(data["score_range"])
+        for key, target, what in (("evidence_files", "files_to_sample", "'evidence_files' -> 'files_to_sample'"),
+                                  ("sample_limit", "max_files", "'sample_limit' -> 'max_files'"),
+                                  ("evidence_prompt_budget", "total_chars", "'evidence_prompt_budget' -> 'total_chars'"),
+                                  ("max_evidence_chars", "total_chars", "'max_evidence_chars' -> 'total_chars'")):
+            if key in data:
+                value = data.pop(key)
+                if target not in data:
+                    data[target] = value
+                    note(f"P17 {what}")
+        if isinstance(data.get("files_to_sample"), str):
+            data["files_to_sample"] = [data["files_to_sample"]]
+            note("P17 'files_to_sample' given as a string -> list")
+        return data
+
+    @field_validator("score_range")
+    @classmethod
+    def _range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not value[1] > value[0]:
+            raise ValueError("score_range must be [lo, hi] with hi > lo")
+        return value
+
+
+def _node_max_score(ctx: RunContext) -> float | None:
+    """The running node's maxScore, when the engine exposes it on the context."""
+    for holder, attr in ((ctx, "node_max_score"), (getattr(ctx, "current_node", None), "max_score")):
+        value = getattr(holder, attr, None) if holder is not None else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
+
+
+def resolve_range(inputs: P17Inputs, ctx: RunContext) -> tuple[tuple[float, float], tuple[float, float] | None, str]:
+    """(range told to the judge, range handed to the engine, where it came from).
+
+    Precedence: ``score_range``; the rubric's "Score 0-6" text (passed on so the engine rescales
+    consistently with what the judge was told); the node's maxScore (the engine's default
+    [0, M], so None is passed); else the reference default [0, 5].
+    """
+    if inputs.score_range is not None:
+        return inputs.score_range, inputs.score_range, "score_range"
+    # The rubric's own "Score 0-6" wins over maxScore: it is the scale the judge reads.
+    m = _RUBRIC_RANGE_RE.search(inputs.rubric_prompt)
+    if m and float(m.group(2)) > 0:
+        rng = (0.0, float(m.group(2)))
+        return rng, rng, "rubric text"
+    top = _node_max_score(ctx)
+    if top is not None:
+        return (0.0, top), None, "node maxScore"
+    return DEFAULT_SCORE_RANGE, DEFAULT_SCORE_RANGE, "default [0, 5]"
+
+
+def gather_evidence(inputs: P17Inputs, ctx: RunContext) -> Evidence | NoEvidence:
+    kind = inputs.evidence_type
+    if kind == "code_files":
+        from saasbench.primitives.files import workspace_for
+
+        ws = workspace_for(ctx)
+        if isinstance(ws, str):
+            return NoEvidence(f"no evidence: {ws}")
+        return code_evidence(ws, inputs.files_to_sample, inputs.rubric_prompt, per_file_chars=inputs.per_file_chars,
+                             total_chars=inputs.total_chars, max_files=inputs.max_files, extensions=inputs.extensions,
+                             strategy=inputs.sample_strategy, remaining=ctx.remaining)
+    if kind in ("http_response_body", "http_response_html"):
+        return response_evidence(ctx.last_response, total_chars=inputs.total_chars)
+    dom = _latest(ctx, "rendered_dom")
+    if kind == "rendered_dom":
+        return dom_evidence(dom if isinstance(dom, str) else None, fallback=ctx.last_response, total_chars=inputs.total_chars)
+    shots = _latest(ctx, "screenshots")
+    if isinstance(shots, str):
+        shots = [shots]
+    paths = [str(p) for p in shots] if isinstance(shots, (list, tuple)) else []
+    return screenshot_evidence(paths, dom=dom if isinstance(dom, str) else None, max_images=inputs.max_images,
+                               total_chars=inputs.total_chars)
+
+
+def _latest(ctx: RunContext, name: str) -> Any:
+    """What this node captured under ``name``, else the run-wide value."""
+    if name in ctx.node_scope:
+        return ctx.node_scope[name]
+    return ctx.vars.get(name)
+
+
+@primitive("P17", P17Inputs, raw_fields=RAW_FIELDS)
+def llm_judge(inputs: P17Inputs, ctx: RunContext) -> StepResult:
+    """Score gathered evidence against the rubric with the run's LLM judge."""
+    judge = getattr(ctx, "judge", None)
+    if judge is None or not ctx.options.judge_enabled:
+        why = "no judge model configured" if judge is None else "judge turned off for this run"
+        return StepResult(passed=False, judge_skipped=True, message=f"judge disabled ({why})")
+    told, handed, range_source = resolve_range(inputs, ctx)
+
+    evidence = gather_evidence(inputs, ctx)
+    if isinstance(evidence, NoEvidence):
+        return StepResult(passed=False, unreachable=evidence.unreachable, message=evidence.message,
+                          evidence={"evidence_type": inputs.evidence_type})
+
+    tags = {"rubric_id": inputs.rubric_id, "evidence_type": inputs.evidence_type, "task_id": ctx.target.task_id}
+    verdict = judge.score(inputs.rubric_prompt, evidence.text, told, images=evidence.images,
+                          tags={k: v for k, v in tags.items() if v is not None}, deadline_s=ctx.remaining())
+    record: dict[str, Any] = {
+        "model": verdict.model,
+        "prompt_hash": verdict.prompt_hash,
+        "evidence_digest": verdict.evidence_digest,
+        "evidence_type": inputs.evidence_type,
+        "evidence": evidence.summary,
+        "score_range": list(told),
+        "score_range_source": range_source,
+        "raw_reply": (verdict.raw_reply or "")[:RAW_REPLY_EXCERPT],
+        "latency_ms": verdict.latency_ms,
+        "cached": verdict.cached,
+        "attempts": verdict.attempts,
+        "tokens_in": verdict.tokens_in,
+        "tokens_out": verdict.tokens_out,
+    }
+    if inputs.rubric_id:
+        record["rubric_id"] = inputs.rubric_id
+    if len(verdict.votes) > 1 or verdict.spread is not None:
+        record.update(votes=verdict.votes, spread=verdict.spread)
+    if not verdict.ok:
+        record["error"] = verdict.error
+        return StepResult(passed=False, judge_skipped=True, message=f"judge unavailable: {verdict.error}", evidence=record)
+
+    score = float(verdict.score)  # type: ignore[arg-type]
+    lo, hi = told
+    reason = f": {verdict.reasoning[:200]}" if verdict.reasoning else ""
+    message = f"judge score {score:g} on [{lo:g}, {hi:g}]{' (cached)' if verdict.cached else ''}{reason}"
+    return StepResult(passed=score > 0, judge_score=score, judge_range=handed, message=message, evidence=record,
+                      value={"score": score, "score_range": [lo, hi], "reasoning": verdict.reasoning})
