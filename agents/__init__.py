@@ -1,5 +1,23 @@
 """Agent adapters behind one interface (installed as ``saasbench.agents``).
 
-The agent interface, the oracle/nop agents and the CLI adapters arrive with the demo and
-rollout issues; this package is where they live.
+``base`` holds the interface (:class:`Agent`, :class:`Budget`, :class:`Trajectory`), the
+registry (:func:`get_agent`, :func:`list_agents`, :func:`register_agent`) and the task prompt
+(:func:`build_prompt`). Built-in agents: ``oracle`` (installs the reference implementation) and
+``nop`` (does nothing); CLI adapters (Claude Code, Codex, ...) register the same way.
 """
+
+from saasbench.agents.base import (
+    Agent,
+    AgentNotFound,
+    Budget,
+    Trajectory,
+    TrajectoryEvent,
+    build_prompt,
+    get_agent,
+    list_agents,
+    register_agent,
+    stage_task_inputs,
+)
+
+__all__ = ["Agent", "AgentNotFound", "Budget", "Trajectory", "TrajectoryEvent", "build_prompt", "get_agent", "list_agents",
+           "register_agent", "stage_task_inputs"]

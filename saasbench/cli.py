@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 EXIT_DAG_ERRORS = 1
 EXIT_CANNOT_RUN = 2
 EXIT_APP_DOWN = 3
-EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
-DEMO_DAG = EXAMPLES_DIR / "teamnotes_dag.json"
-DEMO_AUTH = EXAMPLES_DIR / "teamnotes_auth.yaml"
 
 app = typer.Typer(
     name="saasbench",
@@ -50,6 +47,17 @@ primitives_app = typer.Typer(help="The validation primitives of this build.\n\nE
                              no_args_is_help=True)
 app.add_typer(dag_app, name="dag")
 app.add_typer(primitives_app, name="primitives")
+
+
+def _register_task_commands() -> None:
+    """tasks list/show/import and validate-reference live in cli_tasks (imports stay light)."""
+    from saasbench.cli_tasks import tasks_app, validate_reference_cmd
+
+    app.add_typer(tasks_app, name="tasks")
+    app.command("validate-reference")(validate_reference_cmd)
+
+
+_register_task_commands()
 
 
 class Compat(str, Enum):
@@ -553,35 +561,70 @@ def primitives_list(
 
 
 # --- demo / version ------------------------------------------------------------------------------
+DEMO_TASK = "timetrack"
+DEMO_AGENTS = ("oracle", "nop")
+
+
 @app.command()
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/demo-<timestamp>")] = None,
+    task: Annotated[str, typer.Option("--task", help="Task id or folder")] = DEMO_TASK,
 ) -> None:
-    """Start the bundled TeamNotes example app, score it with its DAG and print the result.
+    """Run the oracle and nop agents on the bundled demo task end to end and print a leaderboard.
 
-    Needs nothing but this package: the app runs in-process on a free local port with a temporary workspace, and is stopped at the end.
+    Local backend, results in a local folder: no Docker engine, no API key, no server. Each
+    agent gets a fresh workspace; the app is started by the task's deployment contract
+    (run.sh), scored with the task's DAG, and stopped. Judge nodes are SKIPPED_LLM without a
+    judge, so the deterministic score is the one to read.
 
     Example: saasbench demo --out /tmp/demo-run
     """
-    import tempfile
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
-    for needed in (DEMO_DAG, DEMO_AUTH):
-        if not needed.is_file():
-            raise _fail(f"bundled demo file missing: {needed} (reinstall saasbench)")
-    from saasbench.examples.teamnotes import serve_in_thread
+    from saasbench.dag import DagLoadError
+    from saasbench.tasks import load_task
+    from saasbench.trial import run_local_trial
 
     console = _console()
-    with tempfile.TemporaryDirectory(prefix="saasbench-demo-") as ws:
-        server, thread, base_url = serve_in_thread(workspace=ws)
-        console.print(f"TeamNotes example app running at [bold]{base_url}[/], workspace {escape(ws)}")
-        try:
-            report, report_path = run_evaluation(dag_path=DEMO_DAG, base_url=base_url, workspace=Path(ws), auth=DEMO_AUTH,
-                                                 out_dir=out, out_prefix="demo-", console=console)
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
-    render_summary(console, report, report_path)
+    try:
+        spec = load_task(task)
+    except (FileNotFoundError, KeyError, ValueError, DagLoadError) as exc:
+        raise _fail(f"cannot load demo task {task!r}: {exc}") from None
+    out_dir = out or _fresh_dir(Path("runs") / f"demo-{_timestamp()}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for agent in DEMO_AGENTS:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      console=console, transient=True) as progress:
+            bar = progress.add_task(f"{agent}: preparing", total=None)
+            result = run_local_trial(
+                spec, agent,
+                on_node=lambda r, bar=bar: progress.update(bar, advance=1, description=f"{agent}: {r.id} {r.status.value}"),
+                say=lambda m, bar=bar: progress.update(bar, description=m, total=len(spec_nodes(spec))))
+        report_path = out_dir / agent / "report.json"
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(result.report.model_dump_json(indent=2), encoding="utf-8")
+        (out_dir / agent / "trajectory.json").write_text(result.trajectory.model_dump_json(indent=2), encoding="utf-8")
+        rows.append((agent, result, report_path))
+        note = "app up" if result.app_ok else f"app down: {(result.app_error or '')[:60]}"
+        console.print(f"{agent}: deterministic score {result.report.summary.deterministic_score} ({note})")
+    table = Table(title=f"Leaderboard: task {spec.id} (local backend)", show_edge=False)
+    for col in ("agent", "deterministic", "task score", "coverage", "statuses"):
+        table.add_column(col, overflow="fold")
+    for agent, result, report_path in sorted(rows, key=lambda r: -(r[1].report.summary.deterministic_score or 0)):
+        s = result.report.summary
+        statuses = ", ".join(f"{k} {v}" for k, v in s.counts.model_dump().items() if v)
+        table.add_row(agent, _fmt_num(s.deterministic_score), _fmt_num(s.task_score), _fmt_num(s.node_coverage, "%"), statuses)
+    console.print()
+    console.print(table)
+    for agent, _, report_path in rows:
+        console.print(f"{agent} report: {escape(str(report_path))}")
+
+
+def spec_nodes(task) -> list:
+    from saasbench.dag import load_dag
+
+    return load_dag(task.dag_path).dag.nodes
 
 
 @app.command()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from saasbench.cli import DEMO_AUTH, DEMO_DAG, app
+from saasbench.cli import app
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "220", "NO_COLOR": "1", "TERM": "dumb"}
@@ -318,10 +318,14 @@ def test_evaluate_against_a_live_app_with_vars_and_quarantine(tmp_path: Path, te
     assert "Per category" in result.output and "Deployment" in result.output
 
 
-@pytest.mark.skipif(not (DEMO_DAG.is_file() and DEMO_AUTH.is_file()), reason="bundled demo DAG/auth profile not present")
-def test_demo_runs_and_writes_a_report(tmp_path: Path) -> None:
+def test_demo_runs_oracle_and_nop_on_the_demo_task(tmp_path: Path) -> None:
     result = invoke("demo", "--out", tmp_path / "demo")
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "demo" / "report.json").read_text())
-    assert report["summary"]["total_nodes"] > 0
-    assert "Task score" in result.output
+    oracle = json.loads((tmp_path / "demo" / "oracle" / "report.json").read_text())
+    nop = json.loads((tmp_path / "demo" / "nop" / "report.json").read_text())
+    assert oracle["task_id"] == nop["task_id"] == "timetrack"
+    # the bar: oracle >= 95 and nop <= 5 on the deterministic score
+    assert oracle["summary"]["deterministic_score"] >= 95
+    assert nop["summary"]["deterministic_score"] <= 5
+    assert (tmp_path / "demo" / "oracle" / "trajectory.json").is_file()
+    assert "Leaderboard" in result.output

@@ -1,0 +1,276 @@
+"""The agent interface, budgets, trajectories, the agent registry and the task prompt.
+
+An :class:`Agent` turns (prompt, environment) into a changed workspace. It gets an
+:class:`~saasbench.environment.Environment` (``env.task`` is the task) and a :class:`Budget`;
+it returns a :class:`Trajectory` whose ``exit_reason`` is one of the agent outcomes of the
+failure taxonomy. Agents never start the evaluation or reach into the orchestrator: after the
+rollout the trial starts the app with :func:`saasbench.environment.start_app` (the deployment
+contract) and evaluates it.
+
+Agents register by name with :func:`register_agent`; :func:`get_agent` also accepts an import
+path ``package.module:ClassName`` for custom agents.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field, PrivateAttr
+
+if TYPE_CHECKING:
+    from saasbench.environment import Environment
+    from saasbench.tasks import Task
+
+ExitReason = Literal["completed", "agent_timeout", "agent_budget_exceeded", "agent_error"]
+
+
+class Budget(BaseModel):
+    """Limits of one rollout (the paper's defaults)."""
+
+    steps: int = Field(default=500, gt=0, description="Agent turns / tool calls")
+    wall_s: float = Field(default=10800, gt=0, description="Wall clock of the whole rollout")
+    tool_call_s: float = Field(default=900, gt=0, description="Wall clock of one tool call (one exec)")
+
+
+class TrajectoryEvent(BaseModel):
+    t_s: float = Field(description="Seconds since the rollout started")
+    kind: str = Field(description="e.g. message, tool_call, tool_result, file_write, error, note")
+    message: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trajectory(BaseModel):
+    """What an agent did: events, counters and why it stopped."""
+
+    agent: str
+    version: str = ""
+    model: str | None = None
+    events: list[TrajectoryEvent] = Field(default_factory=list)
+    steps: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    wall_s: float = 0.0
+    exit_reason: ExitReason = "completed"
+    error: str | None = None
+    _t0: float = PrivateAttr(default_factory=time.monotonic)
+
+    def event(self, kind: str, message: str = "", **data: Any) -> TrajectoryEvent:
+        ev = TrajectoryEvent(t_s=round(time.monotonic() - self._t0, 3), kind=kind, message=message, data=data)
+        self.events.append(ev)
+        return ev
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def finish(self, exit_reason: ExitReason = "completed", error: str | None = None) -> Trajectory:
+        self.exit_reason = exit_reason
+        self.error = error
+        self.wall_s = round(self.elapsed(), 3)
+        if error:
+            self.event("error", error)
+        return self
+
+
+class Agent(ABC):
+    """One agent adapter. Subclasses set ``name`` and ``version`` and implement :meth:`run`."""
+
+    name: ClassVar[str] = "agent"
+    version: ClassVar[str] = "0"
+
+    def install(self, env: Environment) -> None:
+        """Put the agent's runtime into the environment (CLI binaries, config). Default: nothing."""
+
+    @abstractmethod
+    def run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:
+        """Work in ``env`` until done or out of budget. Must not raise for the agent's own
+        failures: they are ``exit_reason`` agent_error/agent_timeout/agent_budget_exceeded."""
+
+    def app_start_command(self, task: Task) -> str | None:
+        """The command the trial starts the app with (default: the task's ``app.start_command``)."""
+        return task.spec.app.start_command
+
+    def new_trajectory(self, model: str | None = None) -> Trajectory:
+        return Trajectory(agent=self.name, version=self.version, model=model)
+
+
+# --- registry ----------------------------------------------------------------------------------------
+_AGENTS: dict[str, type[Agent]] = {}
+_BUILTINS = ("oracle", "nop")
+
+
+class AgentNotFound(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "agent not found"
+
+
+def register_agent(name: str):
+    """Class decorator: ``@register_agent("oracle")`` makes the class available by name."""
+
+    def wrap(cls: type[Agent]) -> type[Agent]:
+        cls.name = name
+        _AGENTS[name] = cls
+        return cls
+
+    return wrap
+
+
+def _load_builtins() -> None:
+    for mod in _BUILTINS:
+        importlib.import_module(f"saasbench.agents.{mod}")
+
+
+def list_agents() -> dict[str, type[Agent]]:
+    _load_builtins()
+    return dict(sorted(_AGENTS.items()))
+
+
+def get_agent(spec: str, **kwargs: Any) -> Agent:
+    """An agent instance by registered name or ``module:Class`` import path."""
+    _load_builtins()
+    if spec in _AGENTS:
+        return _AGENTS[spec](**kwargs)
+    if ":" in spec:
+        module, _, attr = spec.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise AgentNotFound(f"cannot import agent {spec!r}: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Agent)):
+            raise AgentNotFound(f"{spec!r} is not a subclass of saasbench.agents.base.Agent")
+        return cls(**kwargs)
+    raise AgentNotFound(f"no agent {spec!r} (known: {', '.join(sorted(_AGENTS))}; or give module:Class)")
+
+
+# --- the task prompt (paper, Appendix C.1) --------------------------------------------------------------
+ANTI_CHEAT = (
+    "Mandatory anti-cheat policy. You MUST implement the platform from scratch within this {where}. Cloning, copying, "
+    "or otherwise importing any pre-existing open-source codebase (via git clone, wget, curl, container image "
+    "extraction, package downloads of unrelated projects, etc.) is strictly forbidden and will be detected by the "
+    "harness. Trajectories that fetch external source repositories receive a score of 0 regardless of the resulting "
+    "test outcomes."
+)
+
+SUCCESS = (
+    "### Success Condition\n"
+    "The application server must be reachable on the designated port by the time you consider the task done. "
+    "Anything that needs to happen before that — dependency install, schema migration, fixture creation, process "
+    "supervision — is part of what is being evaluated; the harness will not enumerate the steps for you."
+)
+
+
+def stage_task_inputs(task: Task, env: Environment) -> list[str]:
+    """Copy ``task.md`` and ``knowledge_base.json`` into the workspace; returns the files copied."""
+    copied = []
+    for path in (task.prd_path, task.kb_path):
+        if path.is_file():
+            env.write_file(path.name, path.read_bytes())
+            copied.append(path.name)
+    return copied
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _database_line(task: Task, env: Environment) -> str:
+    db = task.spec.database
+    if db is None:
+        return ""
+    if db.engine.lower() in ("sqlite", "sqlite3"):
+        path = env.service_env().get("DATABASE_PATH", db.path or "")
+        return (f"Database (SQLite{' ' + db.version if db.version else ''}, a file): use the path in $DATABASE_PATH "
+                f"(currently {path}); create it if it does not exist.")
+    parts = [f"host {task.spec.environment.get('db_host', 'db')}"]
+    for label, value in (("port", db.port), ("database", db.name), ("username", db.user), ("password", db.password)):
+        if value not in (None, ""):
+            parts.append(f"{label} {value}")
+    if db.extensions:
+        parts.append("extensions " + ", ".join(db.extensions))
+    return f"Database ({db.engine}{' ' + db.version if db.version else ''}, already running): " + ", ".join(parts) + "."
+
+
+def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
+    """The paper's four-block prompt for ``task`` in ``env``; with ``stage``, PRD and KB are copied in.
+
+    Per-task text comes from ``task.yaml``: ``title``/``environment.product`` (product
+    description), ``stack``, ``environment.tools``, ``environment.requirements``, the database,
+    the auth profile's evaluation users, and the app's start command (our deployment contract:
+    the harness runs it after the agent, with ``$PORT`` and ``$DATABASE_PATH`` set).
+    """
+    if stage:
+        stage_task_inputs(task, env)
+    spec = task.spec
+    extra = spec.environment or {}
+    ws = env.workspace_path
+    product = extra.get("product") or spec.title or spec.id
+    stack = spec.stack if isinstance(spec.stack, str) else (json.dumps(spec.stack) if spec.stack else "")
+    port = env.app_port
+
+    if env.kind == "local":
+        where = "environment"
+        env_text = (f"Environment. You work on a prepared machine in the folder {ws} (the working directory, currently "
+                    f"empty apart from the requirements files). Run commands with your shell tool from that folder.")
+    else:
+        where = "Docker environment"
+        container = extra.get("container") or getattr(env, "container_name", "app")
+        env_text = ("Environment. The Docker environment is already up and running — you do not need to pull images or "
+                    f"start containers. You work inside the container {container}, with {ws} as the working directory "
+                    f"(currently empty). Run commands inside the container like this: docker exec {container} bash -c "
+                    '"your command".')
+    role = (f"You are a senior full-stack engineer. Your task is to build a complete {product} from scratch inside an "
+            f"already-running {where}.")
+    lines = [role, "", env_text]
+    tools = _as_list(extra.get("tools"))
+    if tools:
+        lines.append("Tools pre-installed: " + ", ".join(tools) + ".")
+    db_line = _database_line(task, env)
+    if db_line:
+        lines.append(db_line)
+    lines.append(f"The application MUST listen on port {port}.")
+    users = spec.auth.users if spec.auth is not None else {}
+    if users:
+        described = "; ".join(f"{role}: " + ", ".join(f"{k} {v}" for k, v in fields.items() if k in ("username", "email", "password"))
+                              for role, fields in users.items())
+        users_text = f"create the following evaluation user{'s' if len(users) > 1 else ''} ({', '.join(users)}): {described}"
+    else:
+        users_text = "create the evaluation users with the credentials specified in the PRD"
+    start = spec.app.start_command
+    if start:
+        serve = (f"provide `{start}` in the working directory: the harness runs it there after you finish, with $PORT "
+                 f"({port}) and $DATABASE_PATH set, and it must start the application server listening on 0.0.0.0:$PORT")
+    else:
+        serve = f"start the application server, listening on 0.0.0.0:{port}"
+    todo = (f"What you need to do: (1) create a complete {stack + ' ' if stack else ''}project inside {ws}; "
+            f"(2) install dependencies; (3) run database migrations; (4) {users_text}; (5) {serve}.")
+    lines += ["", todo]
+    reqs = _as_list(extra.get("requirements"))
+    if reqs:
+        lines += ["", "Key technical requirements. " + " ".join(reqs)]
+
+    jq_path = ".[]"
+    try:
+        raw_kb = json.loads(task.kb_path.read_text(encoding="utf-8-sig")) if task.kb_path.is_file() else None
+        if isinstance(raw_kb, dict):
+            jq_path = "." + next((k for k, v in raw_kb.items() if isinstance(v, list)), "clarifications") + "[]"
+    except (OSError, ValueError):
+        pass
+    block3 = (
+        "### Requirements Document\n"
+        f"The complete product requirements document has been placed in the working directory at {ws}/task.md. Read it "
+        "carefully and implement everything it describes. In addition, the working directory contains a supplementary "
+        f"knowledge base at {ws}/knowledge_base.json that clarifies ambiguous points in the PRD. Each entry has the shape "
+        "{id, question, answer, source_reference, confidence}. Consult it as a reference when task.md is unclear on "
+        "details such as field semantics, state transitions, serialization, filtering, or permissions. You can read it on "
+        f"demand with jq, cat, or grep (e.g. jq '{jq_path} | {{id, question, answer}}' {ws}/knowledge_base.json); you do not "
+        "have to read the whole file at once."
+    )
+    return "\n\n".join([ANTI_CHEAT.format(where=where), "\n".join(lines), block3, SUCCESS]) + "\n"

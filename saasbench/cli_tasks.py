@@ -1,0 +1,234 @@
+"""CLI commands for the task catalogue (``saasbench tasks ...``) and ``saasbench validate-reference``.
+
+Wired into :mod:`saasbench.cli` with::
+
+    from saasbench.cli_tasks import tasks_app, validate_reference_cmd
+    app.add_typer(tasks_app, name="tasks")
+    app.command("validate-reference")(validate_reference_cmd)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+EXIT_CANNOT_RUN = 2
+EXIT_NOT_VALID = 1
+
+tasks_app = typer.Typer(help="The task catalogue: list, show and import tasks.\n\nExample: saasbench tasks list",
+                        no_args_is_help=True)
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+def _fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(code)
+
+
+def _load(task: str, root: Optional[Path]):
+    from saasbench.tasks import TaskError, load_task
+
+    try:
+        return load_task(task, root)
+    except TaskError as exc:
+        raise _fail(str(exc)) from None
+
+
+RootOption = Annotated[Optional[Path], typer.Option("--root", help="Task catalogue folder; default $SAASBENCH_TASKS_DIR or the repository's tasks/")]
+
+
+@tasks_app.command("list")
+def tasks_list(
+    root: RootOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON")] = False,
+) -> None:
+    """List the tasks of the catalogue: id, title, domain, stack, database, port, files present.
+
+    Example: saasbench tasks list --root tasks/
+    """
+    from saasbench.tasks import find_tasks, tasks_root
+
+    errors: list[str] = []
+    tasks = find_tasks(root, errors=errors)
+    rows = [{"id": t.id, "title": t.title, "domain": t.spec.domain, "category": t.spec.category,
+             "stack": t.spec.stack if isinstance(t.spec.stack, str) else (json.dumps(t.spec.stack) if t.spec.stack else ""),
+             "database": t.spec.database.engine if t.spec.database else None, "port": t.spec.app.port,
+             "prd": t.prd_path.is_file(), "kb": t.kb_path.is_file(), "dag": t.dag_path.is_file(),
+             "reference": t.reference_dir is not None, "path": str(t.root)} for t in tasks]
+    if as_json:
+        typer.echo(json.dumps({"tasks": rows, "errors": errors}, indent=2))
+        return
+    console = _console()
+    if not rows and not errors:
+        console.print(f"no tasks under {escape(str(root or tasks_root()))}")
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("id", "title", "domain", "stack", "db", "port", "files"):
+        table.add_column(col, no_wrap=col in ("id", "port"), overflow="fold")
+    for r in rows:
+        files = " ".join(name for name, ok in (("prd", r["prd"]), ("kb", r["kb"]), ("dag", r["dag"]), ("ref", r["reference"])) if ok)
+        table.add_row(escape(r["id"]), escape(r["title"]), r["domain"] or "", escape(r["stack"] or ""), r["database"] or "",
+                      str(r["port"]), files)
+    console.print(table)
+    console.print(f"{len(rows)} task(s)")
+    for e in errors:
+        console.print(f"[red]broken task:[/] {escape(e)}")
+
+
+@tasks_app.command("show")
+def tasks_show(
+    task: Annotated[str, typer.Argument(help="Task id or folder", show_default=False)],
+    root: RootOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print task.yaml (normalised) as JSON")] = False,
+) -> None:
+    """Show one task: its metadata, files, DAG size and reference recipe.
+
+    Example: saasbench tasks show timetrack
+    """
+    t = _load(task, root)
+    spec = t.spec.model_dump(mode="json", exclude_none=True)
+    if as_json:
+        typer.echo(json.dumps({"path": str(t.root), "spec": spec}, indent=2))
+        return
+    console = _console()
+    console.print(f"[bold]{escape(t.id)}[/]  {escape(t.title)}")
+    console.print(f"  folder      {escape(str(t.root))}")
+    for label, value in (("category", t.spec.category), ("domain", t.spec.domain), ("tier", t.spec.complexity_tier),
+                         ("stack", t.spec.stack)):
+        if value:
+            console.print(f"  {label:<11} {escape(str(value))}")
+    app = t.spec.app
+    console.print(f"  app         port {app.port}, health {escape(app.health_path)}, start {escape(str(app.start_command))}")
+    if t.spec.database:
+        db = t.spec.database
+        console.print(f"  database    {escape(db.engine)}{' ' + escape(db.version) if db.version else ''}"
+                      f"{' at ' + escape(db.path) if db.path else ''}")
+    if t.spec.auth:
+        console.print(f"  auth        schemes {', '.join(t.spec.auth.schemes) or 'none'}; users {', '.join(t.spec.auth.users) or 'none'}")
+    to = t.spec.timeouts
+    console.print(f"  timeouts    agent {to.agent_s:g}s, node {to.eval_node_s:g}s, health {to.health_s:g}s")
+    ref = t.spec.reference
+    if ref is not None:
+        state = "present" if t.reference_dir else "[red]missing[/]"
+        console.print(f"  reference   {escape(ref.source)}/ ({state}); install {len(ref.install)} command(s)")
+    for name, path in (("task.md", t.prd_path), ("knowledge_base.json", t.kb_path), ("dag.json", t.dag_path)):
+        console.print(f"  {name:<20} {'[green]yes[/]' if path.is_file() else '[red]missing[/]'}")
+    if t.dag_path.is_file():
+        from saasbench.dag import DagLoadError, load_dag
+
+        try:
+            result = load_dag(t.dag_path)
+            console.print(f"  DAG         {len(result.dag.nodes)} node(s), maxScore {result.dag.total_max_score:g}, "
+                          f"{len(result.warnings)} warning(s)")
+        except DagLoadError as exc:
+            console.print(f"  DAG         [red]{len(exc.issues)} error(s)[/] (saasbench dag check {escape(str(t.dag_path))})")
+    try:
+        kb = t.load_kb()
+        if kb:
+            console.print(f"  KB          {len(kb)} entr{'y' if len(kb) == 1 else 'ies'}")
+    except Exception as exc:  # noqa: BLE001 - show, not crash
+        console.print(f"  KB          [red]{escape(str(exc))}[/]")
+
+
+@tasks_app.command("import")
+def tasks_import(
+    path: Annotated[Path, typer.Argument(help="A public SaaSBench task folder (task_<id>/ with tasks/ and check/)", show_default=False)],
+    dest: Annotated[Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing task folder")] = False,
+) -> None:
+    """Import a task from the public SaaSBench layout into the catalogue as <dest>/<id>/.
+
+    Copies task.md, knowledge_base.json, dag.json (checked with the DAG loader) and the docker files (under environment/), and writes a task.yaml derived from them (title, database engine, app port). Review domain, stack and auth in task.yaml afterwards.
+
+    Example: saasbench tasks import ~/SaaSbench/eval/task_ubsmhopy --dest tasks/
+    """
+    from saasbench.tasks import TaskError, import_public_task
+
+    try:
+        result = import_public_task(path, dest, overwrite=overwrite)
+    except TaskError as exc:
+        raise _fail(str(exc)) from None
+    console = _console()
+    console.print(f"[bold green]imported[/] {escape(result.task.id)} -> {escape(str(result.task.root))}")
+    for w in result.warnings:
+        console.print(f"  [yellow]note[/] {escape(w)}")
+    if result.dag_warnings:
+        console.print(f"  DAG warnings {len(result.dag_warnings)}")
+        for w in result.dag_warnings:
+            console.print(f"    [yellow]-[/] {escape(w)}")
+
+
+_SHORT = {"PASSED": "pass", "FAILED": "FAIL", "ERROR": "ERR", "SKIPPED_DEPENDENCY": "dep", "SKIPPED_LLM": "llm",
+          "QUARANTINED": "quar", "DRY_RUN": "dry"}
+
+
+def render_validation(console: Console, report) -> None:
+    """The per-node table (node, pass rate, verdict) and the summary of a validation."""
+    colour = {"pass": "green", "flaky": "yellow", "always_failing": "red", "skipped_llm": "dim"}
+    table = Table(title=f"Reference validation of {escape(report.task_id)} ({report.repeats} repeat(s))", title_justify="left",
+                  show_edge=False, pad_edge=False)
+    table.add_column("node", no_wrap=True)
+    table.add_column("pass rate", justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("statuses / last message", overflow="fold")
+    for n in report.nodes:
+        rate = f"{n.passed}/{n.counted}" if n.counted else "n/a"
+        verdict = n.verdict + (f" ({n.flaky_cause})" if n.flaky_cause else "")
+        detail = " ".join(_SHORT.get(s, s) for s in n.statuses)
+        if n.verdict != "pass" and n.last_message:
+            detail += f"  {n.last_message[:160]}"
+        table.add_row(escape(n.id), rate, f"[{colour[n.verdict]}]{escape(verdict)}[/]", escape(detail))
+    console.print(table)
+    for r in report.repeat_records:
+        app = "app up" if r.app_ok else f"[red]app down[/]: {escape(r.app_error or '')}"
+        console.print(f"  repeat {r.index}: oracle {r.oracle_exit_reason}, {app}, task score {r.task_score}")
+    counts = {v: sum(1 for n in report.nodes if n.verdict == v) for v in colour}
+    console.print("  verdicts   " + ", ".join(f"{k} {v}" for k, v in counts.items() if v))
+    if report.skipped_llm:
+        console.print(f"  [dim]judge skipped (SKIPPED_LLM in every repeat): {escape(', '.join(report.skipped_llm))}[/]")
+    console.print(f"  quarantine {escape(report.quarantine_path)} ({len(report.quarantine)} node(s))")
+    console.print(f"  report     {escape(str(Path(report.out_dir) / 'validation.json'))}")
+
+
+def validate_reference_cmd(
+    task: Annotated[str, typer.Argument(help="Task id or folder", show_default=False)],
+    repeats: Annotated[int, typer.Option("--repeats", "-n", min=1, help="How many fresh environments to run the reference in")] = 3,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/validate-<task>-<timestamp>")] = None,
+    quarantine: Annotated[Optional[Path], typer.Option("--quarantine", help="Where to write the quarantine file; default <out>/quarantine.txt")] = None,
+    root: RootOption = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the workspaces (their paths go into validation.json)")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any node is flaky or always failing")] = False,
+) -> None:
+    """Validate a task: run its reference implementation (oracle agent) N times and its DAG on each.
+
+    Per node: pass rate and verdict (pass, flaky, always_failing, skipped_llm). Writes validation.json, a report.json per repeat and a quarantine file of flaky nodes. Runs on the local backend (this host).
+
+    Example: saasbench validate-reference timetrack --repeats 3 --out runs/validate-timetrack
+    """
+    from saasbench.dag import DagLoadError
+    from saasbench.validate import validate_reference
+
+    t = _load(task, root)
+    if not t.dag_path.is_file():
+        raise _fail(f"task {t.id} has no dag.json")
+    if t.reference_dir is None:
+        raise _fail(f"task {t.id} has no reference implementation (task.yaml reference.source)")
+    console = _console()
+    try:
+        with console.status(f"validating {t.id}") as status:
+            report = validate_reference(t, repeats, out_dir=out, quarantine_path=quarantine, keep_workspaces=keep,
+                                        progress=lambda i, msg: status.update(escape(msg)))
+    except DagLoadError as exc:
+        raise _fail(f"DAG of {t.id} does not load: {exc.issues[0] if exc.issues else exc}") from None
+    render_validation(console, report)
+    if strict and (report.flaky or report.always_failing):
+        raise typer.Exit(EXIT_NOT_VALID)
