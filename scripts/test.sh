@@ -15,7 +15,7 @@ VENV=.venv
 # System packages the tests start for real: PostgreSQL and MariaDB servers (database
 # primitives; the tests run initdb/mariadbd themselves on 127.0.0.1). Installed only when
 # missing, so a warm machine pays nothing.
-APT_PACKAGES=(postgresql mariadb-server)
+APT_PACKAGES=(postgresql mariadb-server patch)
 install_system_deps() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do

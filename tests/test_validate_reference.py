@@ -77,3 +77,16 @@ def test_classify() -> None:
     assert _classify(["PASSED", "ERROR"])[2:] == ("flaky", "own")
     assert _classify(["PASSED", "SKIPPED_DEPENDENCY"])[2:] == ("flaky", "prerequisite")
     assert _classify(["FAILED", "FAILED"])[2] == "always_failing"
+
+
+def test_timetrack_reference_is_stable_over_three_repeats(tmp_path):
+    """The issue's gate: the bundled demo task's reference has no flaky and no failing node."""
+    from saasbench.tasks import load_task
+    from saasbench.validate import validate_reference
+
+    report = validate_reference(load_task("timetrack"), repeats=3, out_dir=tmp_path / "v")
+    assert report.flaky == [] and report.always_failing == []
+    assert all(r.app_ok for r in report.repeat_records)
+    assert all(r.task_score == 100.0 for r in report.repeat_records)
+    quarantine = (tmp_path / "v" / "quarantine.txt").read_text().splitlines()
+    assert [line for line in quarantine if line and not line.startswith("#")] == []
