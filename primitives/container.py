@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 
 from saasbench.context import RunContext
 from saasbench.dag import note
-from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
 from saasbench.results import StepResult
 
 NO_ENVIRONMENT = "no environment: {code} needs an environment backend (run the task through a trial, not --base-url alone)"
@@ -73,22 +73,10 @@ class P12Inputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for key in ("cmd", "script", "shell"):
-            if key in data and "command" not in data:
-                data["command"] = data.pop(key)
-                note(f"'{key}' -> 'command'")
-        for key in ("container_name", "service"):
-            if key in data and "container" not in data:
-                data["container"] = data.pop(key)
-                note(f"'{key}' -> 'container'")
-        for key in ("expected_exit_code", "exit_code"):
-            if key in data and "expect_exit_code" not in data:
-                data["expect_exit_code"] = data.pop(key)
-                note(f"'{key}' -> 'expect_exit_code'")
-        for key in ("expected_output", "expect_output", "output_contains", "expect_stdout_contains"):
-            if key in data and "expect_output_contains" not in data:
-                data["expect_output_contains"] = data.pop(key)
-                note(f"'{key}' -> 'expect_output_contains'")
+        rename_aliases(data, "command", ("cmd", "script", "shell"))
+        rename_aliases(data, "container", ("container_name", "service"))
+        rename_aliases(data, "expect_exit_code", ("expected_exit_code", "exit_code"))
+        rename_aliases(data, "expect_output_contains", ("expected_output", "expect_output", "output_contains", "expect_stdout_contains"))
         if "timeout_s" in data and "timeout" not in data:
             data["timeout"] = data.pop("timeout_s")
             note("'timeout_s' -> 'timeout'")
@@ -161,14 +149,8 @@ class P21Inputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        for key in ("path", "log_file", "file", "service"):
-            if key in data and "log_path" not in data:
-                data["log_path"] = data.pop(key)
-                note(f"'{key}' -> 'log_path'")
-        for key in ("tail", "lines"):
-            if key in data and "tail_lines" not in data:
-                data["tail_lines"] = data.pop(key)
-                note(f"'{key}' -> 'tail_lines'")
+        rename_aliases(data, "log_path", ("path", "log_file", "file", "service"))
+        rename_aliases(data, "tail_lines", ("tail", "lines"))
         for key in ("contains", "regex"):
             if key in data and "pattern" not in data:
                 data["pattern"] = data.pop(key)

@@ -563,14 +563,14 @@ class P08Inputs(PrimitiveInputs):
         for alias in ("query", "db_query"):
             if alias in data and "sql" not in data:
                 data["sql"] = data.pop(alias)
-                note(f"P08 {alias} -> sql")
+                note(f"{alias} -> sql")
         if "expected" in data:
             if "expected_result" not in data:
                 data["expected_result"] = data.pop("expected")
-                note("P08 expected -> expected_result")
+                note("expected -> expected_result")
             else:
                 data.pop("expected")
-                note("P08 both expected and expected_result: expected ignored")
+                note("both expected and expected_result: expected ignored")
         return data
 
     @field_validator("sql")
@@ -602,13 +602,13 @@ def _note_dialects(raw: Any) -> None:
     if isinstance(raw, dict):
         for k, v in raw.items():
             if isinstance(k, str) and _SUFFIX_RE.match(k):
-                note(f"P08 suffix-operator key {k!r}")
+                note(f"suffix-operator key {k!r}")
             if isinstance(v, str) and _MAGIC.match(v):
-                note(f"P08 magic comparator {v}")
+                note(f"magic comparator {v}")
             elif isinstance(v, str) and (_CMP_STRING.match(v) or v.strip().upper() in ("NOT NULL", "IS NOT NULL", "IS NULL")):
-                note(f"P08 comparison string {v!r}")
+                note(f"comparison string {v!r}")
             elif isinstance(v, dict) and v and all(str(x).startswith("$") for x in v):
-                note("P08 $-operator object")
+                note("$-operator object")
 
 
 def _first_keyword(sql: Any) -> str:
@@ -762,7 +762,7 @@ class P09Inputs(PrimitiveInputs):
             if isinstance(table, str) and table not in tables:
                 tables.insert(0, table)
             data["tables"] = tables
-            note("P09 table -> tables")
+            note("table -> tables")
         return data
 
     @model_validator(mode="after")
@@ -820,7 +820,7 @@ class P10Inputs(PrimitiveInputs):
             data = dict(data)
             cols = data.pop("columns")
             data["expected_columns"] = list(data.get("expected_columns") or []) + list(cols or [])
-            note("P10 columns [{name, type}] -> expected_columns")
+            note("columns [{name, type}] -> expected_columns")
         return data
 
     @model_validator(mode="after")
@@ -902,7 +902,7 @@ class P11Inputs(PrimitiveInputs):
             data = dict(data)
             items = data.pop("indexes")
             data["expected_indexes"] = list(data.get("expected_indexes") or []) + list(items or [])
-            note("P11 indexes [regex] -> expected_indexes")
+            note("indexes [regex] -> expected_indexes")
         return data
 
     @model_validator(mode="after")

@@ -104,27 +104,27 @@ class P17Inputs(PrimitiveInputs):
         for key in ("prompt", "rubric"):
             if key in data and "rubric_prompt" not in data:
                 data["rubric_prompt"] = data.pop(key)
-                note(f"P17 '{key}' -> 'rubric_prompt'")
+                note(f"'{key}' -> 'rubric_prompt'")
         rubric = data.get("rubric_prompt")
         if isinstance(rubric, list):
             data["rubric_prompt"] = "\n".join(str(x) for x in rubric)
-            note("P17 rubric given as a list -> lines")
+            note("rubric given as a list -> lines")
         if "evidence_source" in data and "evidence_type" not in data:
             data["evidence_type"] = data.pop("evidence_source")
-            note("P17 'evidence_source' -> 'evidence_type'")
+            note("'evidence_source' -> 'evidence_type'")
         kind = data.get("evidence_type")
         if isinstance(kind, str):
             canon = kind.strip().lower()
             canon = _EVIDENCE_ALIASES.get(canon, canon)
             if canon != kind:
                 data["evidence_type"] = canon
-                note(f"P17 evidence_type {kind!r} -> {canon!r}")
+                note(f"evidence_type {kind!r} -> {canon!r}")
         for key in ("max_score", "maxScore"):
             if key in data:
                 value = data.pop(key)
                 if "score_range" not in data:
                     data["score_range"] = [0, value]
-                    note(f"P17 '{key}' -> 'score_range' [0, n]")
+                    note(f"'{key}' -> 'score_range' [0, n]")
         if "score_range" in data:
             data["score_range"] = _score_range(data["score_range"])
         for key, target, what in (("evidence_files", "files_to_sample", "'evidence_files' -> 'files_to_sample'"),
@@ -135,10 +135,10 @@ class P17Inputs(PrimitiveInputs):
                 value = data.pop(key)
                 if target not in data:
                     data[target] = value
-                    note(f"P17 {what}")
+                    note(f"{what}")
         if isinstance(data.get("files_to_sample"), str):
             data["files_to_sample"] = [data["files_to_sample"]]
-            note("P17 'files_to_sample' given as a string -> list")
+            note("'files_to_sample' given as a string -> list")
         return data
 
     @field_validator("score_range")

@@ -25,6 +25,16 @@ class PrimitiveInputs(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
+def rename_aliases(data: dict[str, Any], target: str, aliases: tuple[str, ...]) -> None:
+    """Move the first legacy alias present to ``target`` (unless it is set) and note the normalisation."""
+    from saasbench.dag import note
+
+    for key in aliases:
+        if key in data and target not in data:
+            data[target] = data.pop(key)
+            note(f"'{key}' -> '{target}'")
+
+
 Group = Literal["file", "http", "db", "container", "auth", "browser", "judge", "integration", "reserved"]
 
 
