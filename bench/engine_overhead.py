@@ -52,7 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
-CONFORMANCE_DIR = Path("/work/shared/conformance/saasbench")
+CONFORMANCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "saasbench"
 
 TARGETS = {"harness_ms_per_http_primitive": 1.0, "engine_over_service_ratio": 1.2}
 

@@ -23,7 +23,9 @@ from saasbench.tasks import (
     tasks_root,
 )
 
-CONFORMANCE = Path("/work/shared/conformance/saasbench/task_ubsmhopy")
+from shared_data import CONFORMANCE_DIR  # noqa: E402
+
+CONFORMANCE = CONFORMANCE_DIR / "task_ubsmhopy"
 
 COMPOSE = """
 name: task-ubsmhopy
@@ -48,7 +50,7 @@ services:
 
 def public_layout(root: Path, *, with_prd: bool = True) -> Path:
     if not (CONFORMANCE / "dag.json").is_file():
-        pytest.fail(f"conformance data missing: {CONFORMANCE}/dag.json (the shared folder /work/shared must be mounted)")
+        pytest.fail(f"conformance data missing: {CONFORMANCE}/dag.json (the shared folder must sit beside the checkout, or set SAASBENCH_CONFORMANCE)")
     src = root / "task_ubsmhopy"
     inner = src / "tasks" / "task_ubsmhopy"
     (inner / "docker" / "workspace").mkdir(parents=True)
