@@ -6,7 +6,8 @@ call), so the engine-overhead numbers of ``bench/engine_overhead.py`` can be att
     .venv/bin/python bench/engine_hotspots.py [--n 3000] [--gc-runs 3]
 
 The HTTP lines talk to the same local app as engine_overhead.py (in its own process); the
-others are CPU only. ``--gc-runs`` also runs the 1,500-node DAG with the default GC settings and
+others are CPU only. The "cold CPU" lines run the same CPU-only steps right after a sleep (the
+harness sleeps in recv() while the app works). ``--gc-runs`` also runs the 1,500-node DAG with the default GC settings and
 with the loaded objects frozen and a larger gen-0 threshold, alternating, to size the GC cost.
 """
 
@@ -108,6 +109,21 @@ def main() -> int:
         dag = load_dag_data(eo.make_dag(1500)).dag
         bench("build_report, 1,500 node results", lambda: build_report(dag, results, started_at="x", elapsed_s=1.0, ctx=ctx), 20, rows)
 
+        print("-- the same CPU-only work (Engine._run_step P15 + P07) right after the process slept, as it does while the app works --")
+        cold_rows = []
+        for gap_ms in (0, 1, 5):
+            times = []
+            for _ in range(400):
+                if gap_ms:
+                    time.sleep(gap_ms / 1000)
+                t = time.perf_counter()
+                engine._run_step("P15", {"expected_status": 200})
+                engine._run_step("P07", p07)
+                times.append((time.perf_counter() - t) * 1e6)
+            times.sort()
+            cold_rows.append({"sleep_ms": gap_ms, "median_us": times[len(times) // 2], "p90_us": times[int(len(times) * 0.9)]})
+            print(f"  after sleeping {gap_ms} ms: median {times[len(times) // 2]:.1f} µs, p90 {times[int(len(times) * 0.9)]:.1f} µs", flush=True)
+
         gc_rows = []
         if args.gc_runs:
             print("-- GC: 1,500-node engine run, default GC vs gc.freeze() + set_threshold(50000, 20, 20) (app work 0) --")
@@ -122,7 +138,8 @@ def main() -> int:
     finally:
         app.stop()
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"micro_us": [{"what": a, "best_us": b, "median_us": c} for a, b, c in rows], "gc": gc_rows}, indent=2))
+        Path(args.json_out).write_text(json.dumps({"micro_us": [{"what": a, "best_us": b, "median_us": c} for a, b, c in rows], "cold_cpu": cold_rows,
+                                                     "gc": gc_rows}, indent=2))
     return 0
 
 

@@ -19,12 +19,17 @@ app's ``--work-us`` delay (a busy loop by default) makes the service time non-tr
 
 Every engine run and every baseline run is a fresh process (like a real ``saasbench run``), so
 peak RSS is the run's own; tracemalloc is measured in one extra, untimed run (it slows Python
-down several times). The app runs in its own process, so on a 2-core machine client and app
-each get a core.
+down several times). The app runs in its own process (unpinned: ``--pin`` gives each its own
+CPU, which measured slower on a 2-vCPU VM because every request then crosses CPUs).
+
+Other processes on the machine ruin such timings, so before each measured run the benchmark
+waits for a quiet machine, measures the CPU time other processes burnt while it ran
+(/proc/stat minus our processes), and repeats a disturbed run (``--retries``); the summary is
+the median of the undisturbed runs.
 
 Usage::
 
-    .venv/bin/python bench/engine_overhead.py [--nodes 1500] [--repeats 3] [--work-us 0,1000,5000] [--json out.json]
+    .venv/bin/python bench/engine_overhead.py [--nodes 1500] [--repeats 3] [--work-us 0,1000,5000,10000] [--json out.json]
     .venv/bin/python bench/engine_overhead.py --profile engine.prof     # cProfile one engine run
 
 Speed goals live here with numbers written down (docs/benchmarks.md), never in timed tests.
@@ -52,7 +57,9 @@ from urllib.parse import parse_qs, urlsplit
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
-CONFORMANCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "saasbench"
+# the project's shared folder sits beside the checkout (as CI lays it out); SAASBENCH_CONFORMANCE overrides it
+CONFORMANCE_DIR = (Path(os.environ["SAASBENCH_CONFORMANCE"]) if os.environ.get("SAASBENCH_CONFORMANCE")
+                   else Path(__file__).resolve().parents[2] / "shared" / "conformance" / "saasbench")
 
 TARGETS = {"harness_ms_per_http_primitive": 1.0, "engine_over_service_ratio": 1.2}
 
@@ -684,7 +691,10 @@ def bench_level(app: AppProcess, args: argparse.Namespace, work_us: int, tmp: Pa
     app.call(f"/__bench/config?work_us={work_us}&mode={args.work_mode}")
     cpu = 0 if args.pin else None
     runs: list[dict[str, Any]] = []
-    for r in range(args.repeats):
+    attempts = args.repeats + args.retries
+    for r in range(attempts):
+        if sum(1 for x in runs if x["clean"]) >= args.repeats:
+            break
         app.call("/__bench/reset")
         idle_before = wait_until_quiet(args.quiet_threshold, args.quiet_timeout, log)
         with ForeignLoad(app.proc.pid) as fl_engine:
@@ -715,6 +725,8 @@ def bench_level(app: AppProcess, args: argparse.Namespace, work_us: int, tmp: Pa
             "busy_cpus_before": idle_before,
             "foreign_cpu_s_engine": fl_engine.foreign_s,
             "foreign_cpu_s_baseline": fl_base.foreign_s,
+            # clean: other processes used under 5% of a CPU while the engine and the baseline ran
+            "clean": fl_engine.foreign_s <= 0.05 + 0.05 * fl_engine.wall and fl_base.foreign_s <= 0.05 + 0.05 * fl_base.wall,
         }
         extra_s = run["engine_wall_s"] - run["baseline_wall_s"]
         run["harness_ms_per_http_primitive"] = extra_s * 1000 / max(1, http_prims)
@@ -724,9 +736,12 @@ def bench_level(app: AppProcess, args: argparse.Namespace, work_us: int, tmp: Pa
         run["ratio_engine_over_undisturbed_service"] = run["engine_wall_s"] / run["baseline_service_s"] if run["baseline_service_s"] else float("inf")
         run["ratio_engine_over_baseline"] = run["engine_wall_s"] / run["baseline_wall_s"]
         run["ratio_baseline_over_service"] = run["baseline_wall_s"] / run["baseline_service_s"] if run["baseline_service_s"] else float("inf")
+        # engine/service <= 1.2 needs service S per request >= (engine - service) per request / 0.2, if that cost stayed as it is here
+        run["service_ms_per_request_for_target"] = ((run["engine_wall_s"] - run["service_s"]) * 1000 / max(1, run["requests"])
+                                                     / (TARGETS["engine_over_service_ratio"] - 1))
         run["outside_steps_ms"] = run["engine_wall_s"] * 1000 - sum(eng["step_ms_by_type"].values())
         runs.append(run)
-        log(f"  work_us={work_us} run {r + 1}/{args.repeats}: engine {run['engine_wall_s']:.3f}s (cpu {run['engine_cpu_s']:.3f}s), "
+        log(f"  work_us={work_us} attempt {r + 1}/{attempts} ({'clean' if run['clean'] else 'DISTURBED'}): engine {run['engine_wall_s']:.3f}s (cpu {run['engine_cpu_s']:.3f}s), "
             f"baseline {run['baseline_wall_s']:.3f}s, app service {run['service_s']:.3f}s, {run['requests']} requests, "
             f"{run['harness_ms_per_http_primitive']:.3f} ms/HTTP primitive; other processes used {fl_engine.foreign_s:.2f} CPU-s "
             f"during the engine worker, {fl_base.foreign_s:.2f} during the baseline")
@@ -734,16 +749,23 @@ def bench_level(app: AppProcess, args: argparse.Namespace, work_us: int, tmp: Pa
             "harness_ms_per_http_primitive", "harness_ms_per_step", "harness_cpu_ms_per_http_primitive",
             "ratio_engine_over_service", "ratio_engine_over_undisturbed_service", "ratio_engine_over_baseline", "ratio_baseline_over_service",
             "peak_rss_mb", "rss_before_run_mb", "baseline_peak_rss_mb", "load_s", "import_s", "build_report_s", "report_json_s",
-            "outside_steps_ms", "gc_pause_s", "gc_collections", "foreign_cpu_s_engine", "foreign_cpu_s_baseline"]
-    summary = {k: {"median": _med([r[k] for r in runs]), "min": min(r[k] for r in runs), "max": max(r[k] for r in runs)} for k in keys}
-    first = runs[0]
+            "outside_steps_ms", "gc_pause_s", "gc_collections", "foreign_cpu_s_engine", "foreign_cpu_s_baseline",
+            "service_ms_per_request_for_target"]
+    clean = [r for r in runs if r["clean"]]
+    used = clean or runs
+    summary = {k: {"median": _med([r[k] for r in used]), "min": min(r[k] for r in used), "max": max(r[k] for r in used)} for k in keys}
+    first = used[0]
     warnings = []
+    if len(clean) < args.repeats:
+        warnings.append(f"only {len(clean)} of {len(runs)} runs were undisturbed by other processes; "
+                        + ("the summary uses all runs" if not clean else "the summary uses the undisturbed ones"))
     if len({r["requests"] for r in runs}) > 1:
         warnings.append(f"request counts differ between repeats: {[r['requests'] for r in runs]} (the app state leaked between runs?)")
     if any(r["requests"] != r["baseline_requests"] for r in runs):
         warnings.append("the baseline did not replay every request")
-    step_ms_per_type = {t: _med([r["step_ms_by_type"][t] / r["steps_by_type"][t] for r in runs]) for t in first["steps_by_type"]}
+    step_ms_per_type = {t: _med([r["step_ms_by_type"][t] / r["steps_by_type"][t] for r in used]) for t in first["steps_by_type"]}
     return {"work_us": work_us, "work_mode": args.work_mode, "summary": summary, "runs": runs, "warnings": warnings,
+            "clean_runs": len(clean), "runs_in_summary": len(used),
             "requests": first["requests"], "http_primitives": first["http_primitives"], "steps": first["steps"],
             "steps_by_type": first["steps_by_type"], "mean_step_ms_by_type": step_ms_per_type, "counts": first["counts"],
             "sample_problems": first["sample_problems"]}
@@ -777,15 +799,16 @@ def print_tables(result: dict[str, Any]) -> None:
     def f(s: dict[str, Any], k: str, fmt: str = "{:.3f}") -> str:
         return f"{fmt.format(s[k]['median'])} [{fmt.format(s[k]['min'])}..{fmt.format(s[k]['max'])}]"
 
-    t = Table(title="Engine vs the app's own service time (median of repeats [min..max])")
-    for col in ("app work/req µs", "requests", "P04", "steps", "engine wall s", "baseline wall s", "app service s",
-                "harness ms/P04 (wall)", "harness ms/P04 (cpu)", "engine/service", "engine/baseline"):
+    t = Table(title="Engine vs the app's own service time (median of the undisturbed runs [min..max])")
+    for col in ("app work/req µs", "runs", "requests", "P04", "steps", "engine wall s", "baseline wall s", "app service s",
+                "harness ms/P04 (wall)", "harness ms/P04 (cpu)", "engine/service", "engine/baseline", "1.2x needs ms/req"):
         t.add_column(col, justify="right")
     for lvl in result["levels"]:
         s = lvl["summary"]
-        t.add_row(str(lvl["work_us"]), str(lvl["requests"]), str(lvl["http_primitives"]), str(lvl["steps"]), f(s, "engine_wall_s"),
+        t.add_row(str(lvl["work_us"]), f"{lvl['runs_in_summary']}" + ("" if lvl["clean_runs"] else " (disturbed)"), str(lvl["requests"]), str(lvl["http_primitives"]), str(lvl["steps"]), f(s, "engine_wall_s"),
                   f(s, "baseline_wall_s"), f(s, "service_s"), f(s, "harness_ms_per_http_primitive"), f(s, "harness_cpu_ms_per_http_primitive"),
-                  f(s, "ratio_engine_over_service", "{:.2f}"), f(s, "ratio_engine_over_baseline", "{:.2f}"))
+                  f(s, "ratio_engine_over_service", "{:.2f}"), f(s, "ratio_engine_over_baseline", "{:.2f}"),
+                  f"{s['service_ms_per_request_for_target']['median']:.1f}")
     con.print(t)
     lvl0 = result["levels"][0]
     s0 = lvl0["summary"]
@@ -821,9 +844,6 @@ def print_tables(result: dict[str, Any]) -> None:
         other.add_row("tracemalloc peak per node / per step KB",
                       f"{mem['tracemalloc_peak_mb'] * 1024 / max(1, lvl0['runs'][0]['nodes_run']):.1f} / {mem['tracemalloc_peak_mb'] * 1024 / max(1, lvl0['steps']):.1f}")
         other.add_row("report.json size MB", f"{mem['report_json_mb']:.2f}")
-    be = result.get("break_even")
-    if be:
-        other.add_row("break-even app service per request for the 1.2x target ms", f"{be['service_ms_per_request']:.2f}")
     con.print(other)
     for lvl in result["levels"]:
         for w in lvl["warnings"]:
@@ -843,8 +863,9 @@ def print_tables(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=1500)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--work-us", default="0,1000,5000", help="comma-separated app service delays per request (microseconds)")
+    ap.add_argument("--repeats", type=int, default=3, help="undisturbed runs wanted per app work level (the summary is their median)")
+    ap.add_argument("--retries", type=int, default=4, help="extra attempts per level when other processes disturbed a run")
+    ap.add_argument("--work-us", default="0,1000,5000,10000", help="comma-separated app service delays per request (microseconds)")
     ap.add_argument("--work-mode", choices=["busy", "sleep"], default="busy")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--pin", action="store_true", help="pin the app to CPU 1 and the client to CPU 0 (measured slower on a 2-core VM: cross-CPU wake-ups)")
@@ -918,17 +939,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         app.stop()
     result["conformance_loads"] = time_conformance_loads(args.load_repeats)
-    lvl0 = result["levels"][0]
-    per_req = (lvl0["summary"]["engine_wall_s"]["median"] - lvl0["summary"]["baseline_wall_s"]["median"]) * 1000 / max(1, lvl0["requests"])
-    base_per_req = (lvl0["summary"]["baseline_wall_s"]["median"] - lvl0["summary"]["baseline_service_s"]["median"]) * 1000 / max(1, lvl0["requests"])
-    # engine/service <= 1.2  <=>  S >= (H + B) / 0.2, H = harness per request, B = minimal client + loopback per request
-    result["break_even"] = {"harness_ms_per_request": per_req, "client_and_loopback_ms_per_request": base_per_req,
-                            "service_ms_per_request": (per_req + base_per_req) / (TARGETS["engine_over_service_ratio"] - 1)}
     print_tables(result)
-    be = result["break_even"]
-    print(f"break-even app service time per request for the 1.2x target: {be['service_ms_per_request']:.2f} ms "
-          f"(harness {be['harness_ms_per_request']:.3f} ms + minimal client and loopback {be['client_and_loopback_ms_per_request']:.3f} ms "
-          f"per request, app work {lvl0['work_us']} µs)")
+    for lvl in result["levels"]:
+        s = lvl["summary"]
+        ok_h = s["harness_ms_per_http_primitive"]["median"] < TARGETS["harness_ms_per_http_primitive"]
+        ok_r = s["ratio_engine_over_service"]["median"] <= TARGETS["engine_over_service_ratio"]
+        print(f"app work {lvl['work_us']:>6} µs/request: harness {s['harness_ms_per_http_primitive']['median']:.3f} ms per P04 "
+              f"({'meets' if ok_h else 'misses'} < {TARGETS['harness_ms_per_http_primitive']:g} ms); engine/service "
+              f"{s['ratio_engine_over_service']['median']:.2f} ({'meets' if ok_r else 'misses'} <= {TARGETS['engine_over_service_ratio']:g}x)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))
         log(f"wrote {args.json_out}")
