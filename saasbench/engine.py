@@ -58,6 +58,7 @@ class Engine:
         self.dag = dag
         self.ctx = ctx
         self.options = options or EngineOptions()
+        self._ids = {n.id for n in dag.nodes}
 
     def run(self, on_node: Callable[[NodeResult], None] | None = None) -> RunReport:
         started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -94,7 +95,7 @@ class Engine:
         failed_prereqs = [p for p in node.prereqs if p in gate and not gate[p]]
         if failed_prereqs:
             return NodeResult(**base, status=Status.SKIPPED_DEPENDENCY, message="prerequisite not passed: " + ", ".join(failed_prereqs))
-        missing = [p for p in node.prereqs if p not in gate and any(p == n.id for n in self.dag.nodes)]
+        missing = [p for p in node.prereqs if p not in gate and p in self._ids]
         if missing:  # cannot happen with select_nodes, kept for engine callers that bypass it
             return NodeResult(**base, status=Status.SKIPPED_DEPENDENCY, message="prerequisite not run: " + ", ".join(missing))
 
