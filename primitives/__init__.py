@@ -9,7 +9,7 @@ from saasbench.primitives.registry import REGISTRY, PrimitiveInputs, PrimitiveSp
 
 __all__ = ["REGISTRY", "PrimitiveInputs", "PrimitiveSpec", "primitive", "load_builtin_primitives"]
 
-_BUILTIN_MODULES = ("files", "http", "assertions", "auth", "container", "db", "judge")
+_BUILTIN_MODULES = ("files", "http", "assertions", "auth", "container", "db", "judge", "browser", "integrations")
 
 
 def load_builtin_primitives() -> None:

@@ -1,0 +1,1 @@
+"""browser primitives (being implemented)."""
