@@ -143,7 +143,7 @@ class HttpClient:
             response.close()
             self._client.cookies.clear()  # cookies live per identity, never in the shared client
         elapsed_ms = (time.perf_counter() - started) * 1000
-        if identity is not None:
+        if identity is not None and "set-cookie" in response.headers:
             identity.cookies.extract_cookies(response)
         raw = b"".join(chunks)
         text = raw.decode(response.encoding or "utf-8", errors="replace")
