@@ -1144,6 +1144,39 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _dispatch
 
 
+HOME_PAGE = """<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>TimeTrack</title>
+<style>body{font-family:sans-serif;margin:0}header{background:#234;color:#fff;padding:12px 24px}
+nav a{color:#fff;margin-right:16px}main{padding:24px;max-width:720px}label{display:block;margin:8px 0}</style></head>
+<body>
+<header><h1>TimeTrack</h1>
+<nav id="main-nav"><a href="/#customers">Customers</a><a href="/#projects">Projects</a>
+<a href="/#timesheets">Timesheets</a><a href="/#reports">Reports</a></nav></header>
+<main>
+<p id="status">Checking service...</p>
+<form id="login-form" method="post" action="/api/auth/login">
+<label>Username <input name="username" id="username" autocomplete="username"></label>
+<label>Password <input name="password" id="password" type="password" autocomplete="current-password"></label>
+<button type="submit" id="login-button">Sign in</button>
+</form>
+</main>
+<script>
+fetch("/api/health").then(r => r.json()).then(h => {
+  document.getElementById("status").textContent = "Service " + h.status + ", version " + h.version;
+}).catch(() => { document.getElementById("status").textContent = "Service unreachable"; });
+</script>
+</body>
+</html>
+"""
+
+
+@route("GET", "/", public=True)
+def home_page(req: Request):
+    """The web entry point (PRD section "Web UI"): a static shell that checks the API."""
+    return 200, ("text/html; charset=utf-8", HOME_PAGE.encode("utf-8"), {})
+
+
 def main() -> None:
     port = int(os.environ.get("PORT", "8080"))
     db_path = os.environ.get("DATABASE_PATH", "./data/timetrack.db")
