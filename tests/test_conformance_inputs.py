@@ -20,8 +20,8 @@ from saasbench.primitives.registry import REGISTRY
 
 from shared_data import CONFORMANCE_DIR as CONFORMANCE  # noqa: E402
 DAG_FILES = sorted(CONFORMANCE.glob("*/dag.json"))
-CHECKED_CODES = ("P01", "P02", "P03", "P04", "P05", "P06", "P07", "P13", "P14", "P15", "P16")
-MUST_VALIDATE = ("P04", "P05", "P06", "P07", "P14", "P15")
+CHECKED_CODES = ("P01", "P02", "P03", "P04", "P05", "P06", "P07", "P13", "P14", "P15", "P16", "P22", "P23", "P26", "P29")
+MUST_VALIDATE = ("P04", "P05", "P06", "P07", "P14", "P15", "P22", "P23", "P29")
 
 
 
