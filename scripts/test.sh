@@ -13,9 +13,11 @@ PYTHON="${PYTHON:-python3}"
 VENV=.venv
 
 # System packages the tests start for real: PostgreSQL and MariaDB servers (database
-# primitives; the tests run initdb/mariadbd themselves on 127.0.0.1). Installed only when
+# primitives; the tests run initdb/mariadbd themselves on 127.0.0.1), a Docker engine (the
+# tests start their own dockerd; images come from `docker import` of busybox and of a
+# debootstrap Debian root, since registries are unreachable). Installed only when
 # missing, so a warm machine pays nothing.
-APT_PACKAGES=(postgresql mariadb-server patch)
+APT_PACKAGES=(postgresql mariadb-server patch docker.io busybox-static debootstrap)
 install_system_deps() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do
