@@ -138,7 +138,16 @@ def _kind(mode: int) -> Literal["file", "dir", "other"]:
 
 
 def workspace_for(ctx: RunContext) -> Workspace | str:
-    """The workspace to read, or a failure message when there is none."""
+    """The workspace to read, or a failure message when there is none.
+
+    An environment backend, when there is one, is asked first: it knows where its workspace
+    lives on this host (a Docker container's /app is a bind-mounted host folder).
+    """
+    env = ctx.target.environment
+    if env is not None and callable(getattr(env, "workspace", None)):
+        ws = env.workspace()
+        if ws is not None:
+            return ws
     root = ctx.target.workspace
     if root is None:
         return NO_WORKSPACE
