@@ -53,7 +53,10 @@ def _register_task_commands() -> None:
     """tasks list/show/import and validate-reference live in cli_tasks (imports stay light)."""
     from saasbench.cli_tasks import tasks_app, validate_reference_cmd
 
+    from saasbench.cli_env import env_app
+
     app.add_typer(tasks_app, name="tasks")
+    app.add_typer(env_app, name="env")
     app.command("validate-reference")(validate_reference_cmd)
 
 
