@@ -1,1 +1,864 @@
-"""browser primitives (being implemented)."""
+"""Browser primitives: RENDER_DOM, SCREENSHOT, P18 browser_interaction, P19 dom_assertion.
+
+All four drive the run's one headless Chromium (:mod:`saasbench.browser`): each step opens a
+fresh browser context carrying the active identity (cookies of its jar for the app's host, its
+auth headers), so pages behind a login render as that user. Hosts other than the app's are
+blocked, downloads refused, dialogs dismissed, every wait bounded by the step's ``timeout_ms``
+and the node deadline (``ctx.timeout``).
+
+Outcomes (never an exception for anything the app does):
+
+- the app did not answer (connection refused, DNS, no response in time) -> ``passed=False,
+  unreachable=True`` (an llm-judge node is then FAILED, not SKIPPED_LLM);
+- the app answered with status >= 400, or a required selector never appeared, or the page
+  left the app's host -> ``passed=False`` with a message;
+- no usable Chromium/Playwright -> :class:`saasbench.browser.BrowserUnavailable` (ERROR: an
+  environment problem, not the app's failure).
+
+Captures (``ctx.capture``: visible to the node's later steps, placeholders and the run):
+``rendered_dom`` (sanitised HTML, what P17 ``evidence_type: rendered_dom`` reads),
+``rendered_dom_url``, ``rendered_dom_length``; SCREENSHOT appends to ``screenshots`` (PNG
+paths, what P17 ``evidence_type: screenshot`` reads) and ``screenshot_urls``; P18 sets
+``last_page_html`` (and ``rendered_dom``) and ``last_screenshot_path`` when it takes one.
+
+Unlike the reference harness, these primitives run whether or not an LLM judge is configured
+(the reference returns pass without doing anything when ``LLM_API_KEY`` is blank), and RENDER_DOM
+accepts the multi-page form ``urls`` that the reference rejects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Literal
+
+import httpx
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
+
+from saasbench.auth import LoginFailed
+from saasbench.browser import (
+    DEFAULT_MAX_CHARS,
+    LAUNCH_TIMEOUT_S,
+    MIN_DOM_CHARS,
+    MIN_PNG_BYTES,
+    BrowserSession,
+    BrowserTimeout,
+    Deadline,
+    Guard,
+    Rendered,
+    _quiet,
+    absolute_url,
+    check_url,
+    load_page,
+    raw_limit,
+    read_dom,
+    sanitize_html,
+    save_evidence,
+    screenshot_png,
+    session_for,
+    url_slug,
+)
+from saasbench.context import RunContext
+from saasbench.dag import note
+from saasbench.http import ANONYMOUS, Identity
+from saasbench.results import StepResult
+
+WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
+_WAIT_ALIASES = {"networkidle0": "networkidle", "networkidle2": "networkidle", "network_idle": "networkidle",
+                 "domcontentload": "domcontentloaded", "dom": "domcontentloaded", "domready": "domcontentloaded"}
+CONTEXT_CLOSE_S = 5.0
+RUN_MARGIN_S = CONTEXT_CLOSE_S + 1.0
+
+
+# --- shared inputs ---------------------------------------------------------------------------------
+def _viewport(value: Any) -> Any:
+    """{width, height}, "1440x900" or [1440, 900] -> {width, height}."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*[x×,*]\s*(\d+)\s*", value)
+        if m:
+            return {"width": int(m.group(1)), "height": int(m.group(2))}
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return {"width": value[0], "height": value[1]}
+    return value
+
+
+class Viewport(BaseModel):
+    width: int = Field(default=1440, ge=200, le=4096)
+    height: int = Field(default=900, ge=200, le=4096)
+
+
+class PageInputs(PrimitiveInputs):
+    """What every browser primitive accepts about loading a page and whose page it is."""
+
+    wait_until: WaitUntil = Field(default="networkidle", description="Load state to wait for (best effort: a page that "
+                                  "never reaches it is read as it is when the budget runs out)")
+    timeout_ms: float = Field(default=15000, gt=0, description="Budget per page; bounded by the node deadline")
+    settle_ms: float = Field(default=800, ge=0, description="Pause after loading, before reading the page")
+    viewport: Viewport = Field(default_factory=Viewport, description="{width, height} or 'WxH'")
+    wait_for_selector: str | None = Field(default=None, description="The step fails unless this selector appears")
+    max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=1000, description="Cap on the sanitised DOM kept")
+    strip_classes: bool = Field(default=False, description="Drop class and style attributes from the kept DOM")
+    as_role: str | None = Field(default=None, description="Render as this role (logged in through the auth profile; "
+                                "the active identity is unchanged). Default: the active identity")
+    login_method: str | None = Field(default=None, description="With as_role: the auth profile scheme to log in with "
+                                     "(e.g. 'form' for a cookie session); default: the profile's default")
+    anonymous: bool = Field(default=False, description="Render with no identity (no cookies, no auth headers)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _page_legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        rename_aliases(data, "anonymous", ("skip_auth",))
+        rename_aliases(data, "as_role", ("login_as", "role"))
+        rename_aliases(data, "login_method", ("auth_method",))
+        if "authenticate" in data:
+            value = data.pop("authenticate")
+            if isinstance(value, str) and value.strip() and value.strip().lower() not in ("true", "false"):
+                data.setdefault("as_role", value.strip())
+                note("'authenticate: <role>' -> 'as_role'")
+            elif value is False or (isinstance(value, str) and value.strip().lower() == "false"):
+                data.setdefault("anonymous", True)
+                note("'authenticate: false' -> 'anonymous: true'")
+            else:
+                note("'authenticate: true' -> the active identity (log in first with P13)")
+        if "out_dir" in data:
+            data.pop("out_dir")
+            note("'out_dir' ignored: evidence files go to the run's evidence directory")
+        wait = data.get("wait_until")
+        if isinstance(wait, str) and wait.strip().lower() in _WAIT_ALIASES:
+            data["wait_until"] = _WAIT_ALIASES[wait.strip().lower()]
+            note(f"wait_until {wait!r} -> {data['wait_until']!r}")
+        if "viewport" in data:
+            data["viewport"] = _viewport(data["viewport"])
+        return data
+
+
+# --- shared machinery ------------------------------------------------------------------------------
+def _identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity | None, str | None]:
+    """The identity whose cookies/headers the browser carries, or why there is none."""
+    if inputs.anonymous:
+        return None, None
+    if inputs.as_role:
+        previous = ctx.auth.active
+        try:
+            identity = ctx.auth.login(ctx, inputs.as_role, method=inputs.login_method)
+        except LoginFailed as exc:
+            return None, f"cannot render as {inputs.as_role!r}: {exc}"
+        except (httpx.HTTPError, RuntimeError) as exc:
+            return None, f"cannot render as {inputs.as_role!r}: login request failed: {type(exc).__name__}: {exc}"
+        finally:
+            ctx.auth.active = previous
+        return identity, None
+    active = ctx.auth.active
+    return (None if active is None or active.role == ANONYMOUS else active), None
+
+
+def _urls(ctx: RunContext, raw: list[str]) -> tuple[list[str], str | None]:
+    out = []
+    for item in raw:
+        url = absolute_url(ctx, str(item))
+        problem = check_url(ctx, url)
+        if problem:
+            return out, problem
+        out.append(url)
+    return out, None
+
+
+def _budget(ctx: RunContext, inputs: PageInputs) -> float:
+    return ctx.timeout(inputs.timeout_ms / 1000)
+
+
+def _session(ctx: RunContext) -> BrowserSession:
+    session = session_for(ctx)
+    session.browser(timeout_s=min(LAUNCH_TIMEOUT_S, max(5.0, ctx.remaining())))  # BrowserUnavailable -> ERROR
+    return session
+
+
+def _in_context(ctx: RunContext, inputs: PageInputs, identity: Identity | None, work, total_s: float, *,
+                javascript: bool = True, block_all: bool = False) -> Any:
+    """Run ``work(page, guard)`` in a fresh context on the browser thread; the context is always closed."""
+    session = _session(ctx)
+    base = ctx.target.base_url or ctx.vars.get("base_url")
+
+    async def job() -> Any:
+        context, guard = await session.new_context(identity=identity, base_url=base, javascript=javascript,
+                                                   viewport=inputs.viewport.model_dump(), block_all=block_all)
+        try:
+            page = await session.new_page(context)
+            return await work(page, guard)
+        finally:
+            await _quiet(asyncio.wait_for(context.close(), CONTEXT_CLOSE_S))
+
+    return session.run(job, total_s + RUN_MARGIN_S)
+
+
+def _dom_of(rendered: Rendered, inputs: PageInputs, max_chars: int) -> tuple[str, bool]:
+    if rendered.raw_html is None:
+        return "", False
+    dom, cut = sanitize_html(rendered.raw_html, strip_classes=inputs.strip_classes, max_chars=max_chars)
+    return dom, cut or rendered.raw_truncated
+
+
+def _separator(url: str) -> str:
+    return "<!-- " + url.replace("--", "%2D%2D").replace(">", "%3E") + " -->"
+
+
+def _timeout_result(what: str, budget: float) -> StepResult:
+    return StepResult(passed=False, message=f"{what}: the browser did not finish within {budget:.1f}s; page abandoned")
+
+
+# --- RENDER_DOM ------------------------------------------------------------------------------------
+class RenderDomInputs(PageInputs):
+    url: str | None = Field(default=None, description="Page to render: absolute, or relative to the base URL")
+    urls: list[str] | None = Field(default=None, description="Several pages: each rendered, DOMs concatenated with "
+                                   "<!-- url --> separators; every page must render")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _urls_form(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            rename_aliases(data, "url", ("path", "page"))
+            if isinstance(data.get("urls"), str):
+                data["urls"] = [data["urls"]]
+        return data
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RenderDomInputs:
+        if not self.url and not self.urls:
+            raise ValueError("give 'url' or 'urls'")
+        return self
+
+    def targets(self) -> list[str]:
+        return ([self.url] if self.url else []) + list(self.urls or [])
+
+
+@primitive("RENDER_DOM", RenderDomInputs)
+def render_dom(inputs: RenderDomInputs, ctx: RunContext) -> StepResult:
+    """Render page(s) in headless Chromium; keep the sanitised DOM as ``rendered_dom``."""
+    urls, problem = _urls(ctx, inputs.targets())
+    if problem:
+        return StepResult(passed=False, message=problem)
+    identity, problem = _identity(ctx, inputs)
+    if problem:
+        return StepResult(passed=False, message=problem)
+    per_page = max(1000, inputs.max_chars // len(urls))
+    per_url_s = _budget(ctx, inputs)
+    total_s = min(per_url_s * len(urls), max(0.05, ctx.remaining()))
+
+    async def work(page: Any, guard: Guard) -> list[Rendered]:
+        done: list[Rendered] = []
+        for url in urls:
+            deadline = Deadline(ctx.timeout(inputs.timeout_ms / 1000))
+            done.append(await load_page(page, url, deadline=deadline, wait_until=inputs.wait_until,
+                                        wait_for_selector=inputs.wait_for_selector, settle_ms=inputs.settle_ms,
+                                        guard=guard, capture_limit=raw_limit(per_page)))
+            guard.blocked_navigation.clear()  # a blocked redirect belongs to the page that tried it
+        return done
+
+    try:
+        pages, guard_summary = _with_guard(ctx, inputs, identity, work, total_s)
+    except BrowserTimeout:
+        ctx.capture("rendered_dom", "")
+        return _timeout_result("RENDER_DOM", total_s)
+    parts: list[str] = []
+    evidence_pages: list[dict[str, Any]] = []
+    for rendered in pages:
+        dom, cut = _dom_of(rendered, inputs, per_page)
+        item = rendered.evidence()
+        item.update(chars=len(dom), truncated=cut)
+        if dom:
+            item["file"] = save_evidence(ctx, f"dom-{url_slug(rendered.url)}", dom, "html")
+        evidence_pages.append(item)
+        parts.append(f"{_separator(rendered.url)}\n{dom}" if len(urls) > 1 else dom)
+    total = "\n".join(parts)[: inputs.max_chars + 200 * len(urls)]
+    ctx.capture("rendered_dom", total)
+    ctx.capture("rendered_dom_url", urls[0] if len(urls) == 1 else list(urls))
+    ctx.capture("rendered_dom_length", len(total))
+    evidence: dict[str, Any] = {"pages": evidence_pages, "chars": len(total), **guard_summary}
+    failed = [r for r in pages if r.error]
+    value = {"url": urls[0] if len(urls) == 1 else list(urls), "length": len(total),
+             "status": pages[0].status if len(pages) == 1 else [r.status for r in pages]}
+    if failed:
+        first = failed[0]
+        return StepResult(passed=False, unreachable=any(r.unreachable for r in failed), value=value, evidence=evidence,
+                          message=first.error if len(urls) == 1 else f"{len(failed)}/{len(urls)} pages failed; first: {first.error}")
+    content_chars = sum(len(p) for p in (_dom_of(r, inputs, per_page)[0] for r in pages))
+    if content_chars <= MIN_DOM_CHARS:
+        return StepResult(passed=False, value=value, evidence=evidence,
+                          message=f"rendered DOM has only {content_chars} chars after sanitising (needs more than {MIN_DOM_CHARS})")
+    where = urls[0] if len(urls) == 1 else f"{len(urls)} pages"
+    return StepResult(passed=True, value=value, evidence=evidence, message=f"rendered {where}: {len(total)} chars of sanitised DOM")
+
+
+def _with_guard(ctx: RunContext, inputs: PageInputs, identity: Identity | None, work, total_s: float, **kw: Any) -> tuple[Any, dict[str, Any]]:
+    """Like :func:`_in_context`, also returning the guard's summary (blocked requests, dialogs...)."""
+    holder: dict[str, Guard] = {}
+
+    async def wrapped(page: Any, guard: Guard) -> Any:
+        holder["guard"] = guard
+        return await work(page, guard)
+
+    result = _in_context(ctx, inputs, identity, wrapped, total_s, **kw)
+    guard = holder.get("guard")
+    summary = guard.summary() if guard is not None else {}
+    if identity is not None:
+        summary["identity"] = identity.role
+    return result, summary
+
+
+# --- SCREENSHOT ------------------------------------------------------------------------------------
+class ScreenshotInputs(PageInputs):
+    url: str = Field(description="Page to screenshot: absolute, or relative to the base URL")
+    name: str = Field(default="shot", description="Evidence file name stem")
+    full_page: bool = Field(default=True, description=f"Whole page (clipped at {10_000} px), else the viewport")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            rename_aliases(data, "url", ("path", "page"))
+            rename_aliases(data, "full_page", ("fullPage",))
+        return data
+
+
+@primitive("SCREENSHOT", ScreenshotInputs)
+def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
+    """Screenshot a page (PNG >= 1 KiB passes); appends to ``screenshots``, sets ``rendered_dom``."""
+    urls, problem = _urls(ctx, [inputs.url])
+    if problem:
+        return StepResult(passed=False, message=problem)
+    url = urls[0]
+    identity, problem = _identity(ctx, inputs)
+    if problem:
+        return StepResult(passed=False, message=problem)
+    budget = _budget(ctx, inputs)
+
+    async def work(page: Any, guard: Guard) -> tuple[Rendered, bytes | None, list[str], str | None]:
+        deadline = Deadline(budget)
+        rendered = await load_page(page, url, deadline=deadline, wait_until=inputs.wait_until,
+                                   wait_for_selector=inputs.wait_for_selector, settle_ms=inputs.settle_ms, guard=guard,
+                                   capture_limit=raw_limit(inputs.max_chars))
+        if rendered.unreachable or rendered.status is None and rendered.error:
+            return rendered, None, [], None
+        try:
+            png, notes = await screenshot_png(page, full_page=inputs.full_page, deadline=deadline)
+            return rendered, png, notes, None
+        except Exception as exc:
+            return rendered, None, [], str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+
+    try:
+        (rendered, png, notes, shot_error), guard_summary = _with_guard(ctx, inputs, identity, work, budget)
+    except BrowserTimeout:
+        return _timeout_result("SCREENSHOT", budget)
+    dom, cut = _dom_of(rendered, inputs, inputs.max_chars)
+    ctx.capture("rendered_dom", dom)
+    ctx.capture("rendered_dom_url", url)
+    ctx.capture("rendered_dom_length", len(dom))
+    evidence: dict[str, Any] = {**rendered.evidence(), "chars": len(dom), "truncated": cut, **guard_summary}
+    if notes:
+        evidence["screenshot_notes"] = notes
+    if png is not None:
+        pointer = save_evidence(ctx, inputs.name, png, "png")
+        evidence["screenshot"] = pointer
+        shots = [*_as_list(ctx.vars.get("screenshots")), pointer["path"]]
+        ctx.capture("screenshots", shots)
+        ctx.capture("screenshot_urls", [*_as_list(ctx.vars.get("screenshot_urls")), url])
+    value = {"url": url, "path": evidence.get("screenshot", {}).get("path"), "bytes": len(png or b"")}
+    if rendered.error:
+        return StepResult(passed=False, unreachable=rendered.unreachable, value=value, evidence=evidence, message=rendered.error)
+    if png is None:
+        return StepResult(passed=False, value=value, evidence=evidence, message=f"no screenshot of {url}: {shot_error or 'unknown error'}")
+    if len(png) < MIN_PNG_BYTES:
+        return StepResult(passed=False, value=value, evidence=evidence,
+                          message=f"screenshot of {url} is only {len(png)} bytes (needs {MIN_PNG_BYTES})")
+    return StepResult(passed=True, value=value, evidence=evidence, message=f"screenshot of {url}: {len(png)} bytes")
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value] if isinstance(value, str) and value else []
+
+
+# --- P18 browser_interaction -------------------------------------------------------------------------
+Action = Literal["goto", "click", "fill", "type", "wait", "press", "select", "check", "uncheck", "hover", "screenshot"]
+_ACTION_ALIASES = {
+    "navigate": "goto", "visit": "goto", "open": "goto", "go": "goto",
+    "input": "fill", "set": "fill", "enter": "fill",
+    "wait_for": "wait", "wait_for_selector": "wait", "waitforselector": "wait", "check_element": "wait",
+    "sleep": "wait", "pause": "wait",
+    "keypress": "press", "key": "press",
+    "select_option": "select", "choose": "select",
+    "tap": "click", "dblclick": "click",
+    "capture": "screenshot",
+}
+_NEEDS_SELECTOR = frozenset({"click", "fill", "type", "select", "check", "uncheck", "hover"})
+
+
+class BrowserStep(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    action: Action
+    selector: str | None = None
+    selector_any_of: list[str] | None = Field(default=None, description="The first of these selectors that appears")
+    value: Any = None
+    url: str | None = None
+    wait_ms: float | None = Field(default=None, ge=0, description="wait: pause (no selector) or selector timeout; "
+                                  "other actions: pause after the action")
+    timeout_ms: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        rename_aliases(data, "action", ("type", "op"))
+        action = data.get("action")
+        if isinstance(action, str):
+            key = action.strip().lower()
+            if key in _ACTION_ALIASES:
+                data["action"] = _ACTION_ALIASES[key]
+                note(f"browser action {action!r} -> {data['action']!r}")
+            else:
+                data["action"] = key
+        rename_aliases(data, "value", ("text", "key", "option"))
+        rename_aliases(data, "selector_any_of", ("selectors",))
+        if isinstance(data.get("selector"), list):
+            data["selector_any_of"] = data.pop("selector")
+        if data.get("action") == "goto" and not data.get("url") and isinstance(data.get("value"), str):
+            data["url"] = data.pop("value")
+        return data
+
+    @model_validator(mode="after")
+    def _complete(self) -> BrowserStep:
+        if self.action in _NEEDS_SELECTOR and not (self.selector or self.selector_any_of):
+            raise ValueError(f"action {self.action!r} needs a selector")
+        if self.action == "goto" and not self.url:
+            raise ValueError("action 'goto' needs a url")
+        if self.action == "press" and self.value in (None, ""):
+            raise ValueError("action 'press' needs a key in 'value'")
+        if self.action in ("fill", "type", "select") and self.value is None:
+            raise ValueError(f"action {self.action!r} needs a 'value'")
+        return self
+
+    def selectors(self) -> list[str]:
+        return [self.selector] if self.selector else list(self.selector_any_of or [])
+
+    def text(self) -> str:
+        if isinstance(self.value, bool):
+            return "true" if self.value else "false"
+        return "" if self.value is None else str(self.value)
+
+
+def _str_list(value: Any) -> Any:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else value
+
+
+class Expectations(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    selector_visible: list[str] = Field(default_factory=list)
+    text_contains: list[str] = Field(default_factory=list)
+    url_contains: list[str] = Field(default_factory=list)
+
+    @field_validator("selector_visible", "text_contains", "url_contains", mode="before")
+    @classmethod
+    def _listify(cls, value: Any) -> Any:
+        return _str_list(value)
+
+
+class P18Inputs(PageInputs):
+    url: str | None = Field(default=None, description="First page (optional when the first step is a goto)")
+    steps: list[BrowserStep] = Field(default_factory=list)
+    expect: Expectations | None = Field(default=None, description="{selector_visible, text_contains, url_contains} "
+                                        "checked after the steps (each waits up to action_timeout_ms)")
+    action_timeout_ms: float = Field(default=10000, gt=0, description="How long an action waits for its selector")
+    screenshot: bool = Field(default=False, description="Screenshot the final page (appends to 'screenshots')")
+    name: str = Field(default="interaction", description="Evidence file name stem")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_single_action(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        rename_aliases(data, "url", ("path", "page"))
+        rename_aliases(data, "expect", ("expected", "expectations"))
+        if "action" in data:
+            step = {"action": data.pop("action")}
+            for key in ("selector", "selector_any_of", "value"):
+                if key in data:
+                    step[key] = data.pop(key)
+            if isinstance(step["action"], str) and _ACTION_ALIASES.get(step["action"].strip().lower(), step["action"].strip().lower()) == "goto" \
+                    and not step.get("value") and data.get("url"):
+                step["action"] = "wait"  # "navigate" to the step's own url: opening it is the first thing P18 does
+                if not (step.get("selector") or step.get("selector_any_of")):
+                    step = None
+            data["steps"] = [*([step] if step else []), *(data.get("steps") or [])]
+            note("single 'action'/'selector' -> steps[0]")
+        elif "selector" in data or "selector_any_of" in data:
+            step = {"action": "wait"}
+            for key in ("selector", "selector_any_of"):
+                if key in data:
+                    step[key] = data.pop(key)
+            data["steps"] = [step, *(data.get("steps") or [])]
+            note("top-level 'selector' -> a 'wait' step")
+        if "wait_ms" in data:
+            data.setdefault("action_timeout_ms", data.pop("wait_ms"))
+            note("'wait_ms' -> 'action_timeout_ms'")
+        if "screenshot_path" in data:
+            path = data.pop("screenshot_path")
+            data.setdefault("screenshot", True)
+            if isinstance(path, str) and path.strip():
+                stem = re.sub(r"\.(png|jpe?g)$", "", path.strip().replace("\\", "/").rsplit("/", 1)[-1], flags=re.IGNORECASE)
+                data.setdefault("name", stem or "interaction")
+            note("'screenshot_path' -> 'screenshot: true' (written to the run's evidence directory)")
+        return data
+
+    @model_validator(mode="after")
+    def _something(self) -> P18Inputs:
+        if not self.url and not (self.steps and self.steps[0].action == "goto"):
+            raise ValueError("give 'url' or start the steps with a 'goto'")
+        return self
+
+
+async def _locate(page: Any, selectors: list[str], timeout_ms: float) -> Any:
+    """A locator for the first of ``selectors`` that appears (waits up to ``timeout_ms``)."""
+    locator = page.locator(selectors[0])
+    for other in selectors[1:]:
+        locator = locator.or_(page.locator(other))
+    locator = locator.first
+    await locator.wait_for(state="attached", timeout=timeout_ms)
+    return locator
+
+
+async def _settle_after(page: Any, deadline: Deadline) -> None:
+    """After an action that may navigate: wait (briefly, best effort) for the page to load."""
+    try:
+        await page.wait_for_load_state("load", timeout=min(5000, deadline.ms()))
+    except Exception:
+        pass
+
+
+async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: P18Inputs, deadline: Deadline,
+                    guard: Guard, shots: list[bytes]) -> str | None:
+    """Perform one step; returns why it failed, or None."""
+    timeout = min(step.timeout_ms or inputs.action_timeout_ms, deadline.ms())
+    act = step.action
+    try:
+        if act == "goto":
+            url = absolute_url(ctx, step.url or "")
+            problem = check_url(ctx, url)
+            if problem:
+                return problem
+            rendered = await load_page(page, url, deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
+                                       wait_until=inputs.wait_until, settle_ms=0, guard=guard)
+            if rendered.error:
+                return rendered.error
+        elif act == "wait":
+            if step.selectors():
+                await _locate(page, step.selectors(), min(step.wait_ms or timeout, deadline.ms()))
+            else:
+                await asyncio.sleep(min((step.wait_ms or 0) / 1000, deadline.left()))
+        elif act == "press":
+            if step.selectors():
+                await (await _locate(page, step.selectors(), timeout)).press(step.text(), timeout=timeout)
+            else:
+                await page.keyboard.press(step.text())
+            await _settle_after(page, deadline)
+        elif act == "screenshot":
+            png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
+            shots.append(png)
+        else:
+            locator = await _locate(page, step.selectors(), timeout)
+            if act == "click":
+                await locator.click(timeout=timeout)
+                await _settle_after(page, deadline)
+            elif act == "fill":
+                await locator.fill(step.text(), timeout=timeout)
+            elif act == "type":
+                await locator.press_sequentially(step.text(), timeout=timeout)
+            elif act == "select":
+                values = step.value if isinstance(step.value, list) else [step.text()]
+                try:
+                    await locator.select_option(value=[str(v) for v in values], timeout=timeout)
+                except Exception:
+                    await locator.select_option(label=[str(v) for v in values], timeout=timeout)
+            elif act == "check":
+                await locator.check(timeout=timeout)
+            elif act == "uncheck":
+                await locator.uncheck(timeout=timeout)
+            elif act == "hover":
+                await locator.hover(timeout=timeout)
+        if step.wait_ms and act != "wait":
+            await asyncio.sleep(min(step.wait_ms / 1000, deadline.left()))
+    except Exception as exc:
+        what = " / ".join(step.selectors()) or step.url or ""
+        text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if "Timeout" in type(exc).__name__ or "Timeout" in text:
+            return f"{act} {what!r}: not found/actionable within {timeout / 1000:.1f}s"
+        return f"{act} {what!r}: {text}"
+    return None
+
+
+async def _page_text(page: Any, deadline: Deadline) -> str:
+    try:
+        text = await asyncio.wait_for(page.locator("body").inner_text(timeout=min(2000, deadline.ms())), min(3.0, deadline.left()))
+        return text if isinstance(text, str) else ""
+    except Exception:
+        return ""
+
+
+async def _check_expectations(page: Any, expect: Expectations, inputs: P18Inputs, deadline: Deadline) -> list[dict[str, Any]]:
+    """Each expectation polls until it holds or its time is up."""
+    results: list[dict[str, Any]] = []
+    for selector in expect.selector_visible:
+        try:
+            await page.locator(selector).first.wait_for(state="visible", timeout=min(inputs.action_timeout_ms, deadline.ms()))
+            results.append({"selector_visible": selector, "passed": True})
+        except Exception as exc:
+            results.append({"selector_visible": selector, "passed": False,
+                            "message": "not visible in time" if "Timeout" in type(exc).__name__ else str(exc).splitlines()[0][:200]})
+    for kind, wanted_list in (("text_contains", expect.text_contains), ("url_contains", expect.url_contains)):
+        for wanted in wanted_list:
+            sub = Deadline(min(inputs.action_timeout_ms / 1000, deadline.left()))
+            seen = ""
+            while True:
+                seen = (await _page_text(page, sub)) if kind == "text_contains" else str(page.url)
+                if wanted in seen or sub.expired():
+                    break
+                await asyncio.sleep(0.2)
+            item: dict[str, Any] = {kind: wanted, "passed": wanted in seen}
+            if wanted not in seen:
+                item["message"] = f"not found in {'page text' if kind == 'text_contains' else 'URL'}: {seen[:200]!r}"
+            results.append(item)
+    return results
+
+
+@primitive("P18", P18Inputs)
+def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
+    """Open a page, perform goto/click/fill/type/wait/press/select steps, check expectations."""
+    identity, problem = _identity(ctx, inputs)
+    if problem:
+        return StepResult(passed=False, message=problem)
+    first: str | None = None
+    if inputs.url:
+        urls, problem = _urls(ctx, [inputs.url])
+        if problem:
+            return StepResult(passed=False, message=problem)
+        first = urls[0]
+    budget = ctx.timeout((inputs.timeout_ms + inputs.action_timeout_ms * (len(inputs.steps) + 1)) / 1000)
+
+    async def work(page: Any, guard: Guard) -> dict[str, Any]:
+        deadline = Deadline(budget)
+        out: dict[str, Any] = {"steps": [], "expect": [], "shots": [], "failure": None, "unreachable": False}
+        if first:
+            rendered = await load_page(page, first, deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
+                                       wait_until=inputs.wait_until, wait_for_selector=inputs.wait_for_selector,
+                                       settle_ms=inputs.settle_ms, guard=guard)
+            out["page"] = rendered.evidence()
+            if rendered.error:
+                out["failure"], out["unreachable"] = rendered.error, rendered.unreachable
+        if out["failure"] is None:
+            for index, step in enumerate(inputs.steps):
+                problem = await _run_step(page, step, ctx, inputs, deadline, guard, out["shots"])
+                out["steps"].append({"index": index, "action": step.action, "passed": problem is None,
+                                     **({"message": problem} if problem else {})})
+                if problem:
+                    out["failure"] = f"step {index} ({step.action}) failed: {problem}"
+                    break
+        if out["failure"] is None and inputs.expect is not None:
+            out["expect"] = await _check_expectations(page, inputs.expect, inputs, deadline)
+            bad = [e for e in out["expect"] if not e["passed"]]
+            if bad:
+                out["failure"] = "expectation failed: " + "; ".join(
+                    f"{k}={v!r}" for e in bad[:3] for k, v in e.items() if k not in ("passed", "message"))
+        if inputs.screenshot and not deadline.expired():
+            try:
+                png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
+                out["shots"].append(png)
+            except Exception:
+                pass
+        out["final_url"] = str(page.url)
+        try:
+            out["raw"], _ = await read_dom(page, raw_limit(inputs.max_chars), max(0.5, min(5.0, deadline.left())))
+        except Exception:
+            out["raw"] = None
+        return out
+
+    try:
+        out, guard_summary = _with_guard(ctx, inputs, identity, work, budget)
+    except BrowserTimeout:
+        return _timeout_result("P18", budget)
+    evidence: dict[str, Any] = {"steps": out["steps"], "final_url": out["final_url"], **guard_summary}
+    if out.get("page"):
+        evidence["page"] = out["page"]
+    if out["expect"]:
+        evidence["expect"] = out["expect"]
+    if out.get("raw") is not None:
+        dom, cut = sanitize_html(out["raw"], strip_classes=inputs.strip_classes, max_chars=inputs.max_chars)
+        ctx.capture("last_page_html", dom)
+        ctx.capture("rendered_dom", dom)
+        ctx.capture("rendered_dom_url", out["final_url"])
+        ctx.capture("rendered_dom_length", len(dom))
+        evidence["dom"] = {"chars": len(dom), "truncated": cut, **(save_evidence(ctx, f"{inputs.name}-dom", dom, "html") if dom else {})}
+    for png in out["shots"]:
+        pointer = save_evidence(ctx, inputs.name, png, "png")
+        evidence.setdefault("screenshots", []).append(pointer)
+        ctx.capture("last_screenshot_path", pointer["path"])
+        ctx.capture("screenshots", [*_as_list(ctx.vars.get("screenshots")), pointer["path"]])
+        ctx.capture("screenshot_urls", [*_as_list(ctx.vars.get("screenshot_urls")), out["final_url"]])
+    value = {"final_url": out["final_url"], "steps": len(out["steps"])}
+    if out["failure"]:
+        return StepResult(passed=False, unreachable=out["unreachable"], message=out["failure"], value=value, evidence=evidence)
+    summary = f"{len(inputs.steps)} step(s) done" + (f", {len(out['expect'])} expectation(s) hold" if out["expect"] else "")
+    return StepResult(passed=True, message=summary, value=value, evidence=evidence)
+
+
+# --- P19 dom_assertion -------------------------------------------------------------------------------
+class DomAssertion(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    selector: str = Field(min_length=1)
+    should_exist: bool = Field(default=True, validation_alias=AliasChoices("should_exist", "shouldExist", "exists"))
+    text_contains: str | None = Field(default=None, validation_alias=AliasChoices("text_contains", "textContains", "contains", "text"))
+    count_min: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("count_min", "min_count", "minCount"))
+    count_max: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("count_max", "max_count", "maxCount"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"selector": data} if isinstance(data, str) else data
+
+
+class P19Inputs(PageInputs):
+    url: str | None = Field(default=None, description="Page to load; without it the assertions run on the last "
+                            "rendered page (rendered_dom / last_page_html) with JavaScript off")
+    assertions: list[DomAssertion] = Field(min_length=1)
+    assertion_timeout_ms: float = Field(default=5000, ge=0, description="How long a should-exist selector may take to appear")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            rename_aliases(data, "url", ("path", "page"))
+            if "assertions" not in data and "selector" in data:
+                data["assertions"] = [{k: data.pop(k) for k in ("selector", "shouldExist", "should_exist", "text_contains", "count_min") if k in data}]
+                note("top-level 'selector' -> assertions[0]")
+        return data
+
+
+async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"selector": item.selector, "should_exist": item.should_exist}
+    try:
+        locator = page.locator(item.selector)
+        if item.should_exist and timeout_ms > 0:
+            try:
+                await locator.first.wait_for(state="attached", timeout=timeout_ms)
+            except Exception as exc:
+                if "Timeout" not in type(exc).__name__:
+                    raise
+        count = await locator.count()
+    except Exception as exc:
+        out.update(passed=False, message=f"selector error: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+        return out
+    out["count"] = count
+    problems: list[str] = []
+    if item.should_exist and count == 0:
+        problems.append("no element matches")
+    if not item.should_exist and count > 0:
+        problems.append(f"{count} element(s) match but none should")
+    if item.count_min is not None and count < item.count_min:
+        problems.append(f"{count} < count_min {item.count_min}")
+    if item.count_max is not None and count > item.count_max:
+        problems.append(f"{count} > count_max {item.count_max}")
+    if item.text_contains is not None and count > 0:
+        texts = []
+        for index in range(min(count, 50)):
+            try:
+                texts.append(await locator.nth(index).text_content(timeout=1000) or "")
+            except Exception:
+                pass
+        if not any(item.text_contains in t for t in texts):
+            problems.append(f"no matching element contains {item.text_contains!r}")
+            out["texts"] = [t.strip()[:100] for t in texts[:3]]
+    out["passed"] = not problems
+    if problems:
+        out["message"] = "; ".join(problems)
+    return out
+
+
+@primitive("P19", P19Inputs)
+def dom_assertion(inputs: P19Inputs, ctx: RunContext) -> StepResult:
+    """CSS-selector assertions on a rendered page; passes when every assertion holds."""
+    identity, problem = _identity(ctx, inputs)
+    if problem:
+        return StepResult(passed=False, message=problem)
+    url: str | None = None
+    stored: str | None = None
+    if inputs.url:
+        urls, problem = _urls(ctx, [inputs.url])
+        if problem:
+            return StepResult(passed=False, message=problem)
+        url = urls[0]
+    else:
+        for name in ("last_page_html", "rendered_dom"):
+            value = ctx.node_scope.get(name, ctx.vars.get(name))
+            if isinstance(value, str) and value.strip():
+                stored = value
+                break
+        if stored is None:
+            return StepResult(passed=False, message="no 'url' and no rendered page to check (run RENDER_DOM or P18 first)")
+    budget = ctx.timeout((inputs.timeout_ms + inputs.assertion_timeout_ms) / 1000)
+
+    async def work(page: Any, guard: Guard) -> tuple[Rendered | None, list[dict[str, Any]]]:
+        deadline = Deadline(budget)
+        rendered = None
+        if url is not None:
+            rendered = await load_page(page, url, deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
+                                       wait_until=inputs.wait_until, wait_for_selector=inputs.wait_for_selector,
+                                       settle_ms=inputs.settle_ms, guard=guard)
+            if rendered.unreachable or (rendered.status is None and rendered.error):
+                return rendered, []
+        else:
+            await page.set_content(stored, wait_until="domcontentloaded", timeout=deadline.ms())
+        results = []
+        for item in inputs.assertions:
+            results.append(await _assert_one(page, item, min(inputs.assertion_timeout_ms, deadline.ms()) if url else 0))
+        return rendered, results
+
+    try:
+        (rendered, results), guard_summary = _with_guard(ctx, inputs, identity if url else None, work, budget,
+                                                         javascript=url is not None, block_all=url is None)
+    except BrowserTimeout:
+        return _timeout_result("P19", budget)
+    evidence: dict[str, Any] = {"source": url or "last rendered page", "assertions": results, **guard_summary}
+    if rendered is not None:
+        evidence["page"] = rendered.evidence()
+        if rendered.error:
+            return StepResult(passed=False, unreachable=rendered.unreachable, message=rendered.error, evidence=evidence)
+    held = sum(1 for r in results if r["passed"])
+    value = {"passed": held, "total": len(results), "ratio": round(held / len(results), 4) if results else 0.0}
+    if held < len(results):
+        bad = next(r for r in results if not r["passed"])
+        return StepResult(passed=False, value=value, evidence=evidence,
+                          message=f"{held}/{len(results)} DOM assertions hold; {bad['selector']!r}: {bad.get('message', '')}")
+    return StepResult(passed=True, value=value, evidence=evidence, message=f"{held}/{len(results)} DOM assertions hold")

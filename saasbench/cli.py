@@ -572,6 +572,7 @@ DEMO_AGENTS = ("oracle", "nop")
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/demo-<timestamp>")] = None,
     task: Annotated[str, typer.Option("--task", help="Task id or folder")] = DEMO_TASK,
+    backend: Annotated[str, typer.Option("--backend", help="local (default, no engine needed) or docker")] = "local",
 ) -> None:
     """Run the oracle and nop agents on the bundled demo task end to end and print a leaderboard.
 
@@ -593,6 +594,8 @@ def demo(
         spec = load_task(task)
     except (FileNotFoundError, KeyError, ValueError, DagLoadError) as exc:
         raise _fail(f"cannot load demo task {task!r}: {exc}") from None
+    if backend not in ("local", "docker"):
+        raise _fail(f"--backend must be local or docker, not {backend!r}")
     out_dir = out or _fresh_dir(Path("runs") / f"demo-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -601,7 +604,7 @@ def demo(
                       console=console, transient=True) as progress:
             bar = progress.add_task(f"{agent}: preparing", total=None)
             result = run_local_trial(
-                spec, agent,
+                spec, agent, backend=backend,
                 on_node=lambda r, bar=bar: progress.update(bar, advance=1, description=f"{agent}: {r.id} {r.status.value}"),
                 say=lambda m, bar=bar: progress.update(bar, description=m, total=len(spec_nodes(spec))))
         report_path = out_dir / agent / "report.json"
@@ -611,7 +614,7 @@ def demo(
         rows.append((agent, result, report_path))
         note = "app up" if result.app_ok else f"app down: {(result.app_error or '')[:60]}"
         console.print(f"{agent}: deterministic score {result.report.summary.deterministic_score} ({note})")
-    table = Table(title=f"Leaderboard: task {spec.id} (local backend)", show_edge=False)
+    table = Table(title=f"Leaderboard: task {spec.id} ({backend} backend)", show_edge=False)
     for col in ("agent", "deterministic", "task score", "coverage", "statuses"):
         table.add_column(col, overflow="fold")
     for agent, result, report_path in sorted(rows, key=lambda r: -(r[1].report.summary.deterministic_score or 0)):
