@@ -67,6 +67,11 @@ class Engine:
         results: dict[str, NodeResult] = {}
         gate: dict[str, bool] = {}
         try:
+            if not self.options.dry_run:
+                from saasbench.receivers import prestart_receivers
+
+                # {{webhook_url}}/{{smtp_port}} may be used before the P27/P28 that would start them
+                prestart_receivers(self.ctx, [step.inputs for node in nodes for step in node.steps])
             for node in nodes:
                 result = self._run_node(node, gate)
                 results[node.id] = result

@@ -1,0 +1,321 @@
+"""Turn the harness's result objects into lake rows (plain dicts keyed by schema column names).
+
+* :func:`trial_rows` — a RunReport (+ trial metadata, trajectory, judge calls, env builds) into a
+  :class:`~saasbench.lake.writer.TrialRows` for every per-trial table;
+* :func:`from_trial_result` — the same from a :class:`saasbench.trial.TrialResult` and a task;
+* :func:`sweep_row` — the ``sweeps`` row (configuration JSON with secrets removed);
+* :func:`validation_rows` — ``reference_validations`` rows from a ValidationReport.
+
+Text from apps and agents (messages, evidence, trajectory content) is stored as data, capped per
+:mod:`saasbench.lake.schema`; nothing here builds SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from saasbench.lake import schema as S
+from saasbench.lake.writer import TrialRows
+
+_SECRET_KEY_RE = re.compile(r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credential|auth(orization)?|private[_-]?key|dsn)$", re.IGNORECASE)
+REDACTED = "***"
+_URL_PASSWORD_RE = re.compile(r"(://[^:/@\s]+:)[^@\s/]+@")
+
+
+def harness_version() -> str:
+    from saasbench import __version__
+
+    return __version__
+
+
+def utc(value: Any) -> datetime | None:
+    """A timezone-aware UTC datetime from a datetime, ISO string or epoch seconds (None stays None)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, tz=UTC)
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)  # 3.11+: accepts a trailing Z
+    if not isinstance(value, datetime):
+        raise TypeError(f"not a timestamp: {value!r}")
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def cap(text: Any, limit: int) -> str | None:
+    if text is None:
+        return None
+    text = str(text)
+    return text if len(text) <= limit else text[:limit]
+
+
+def to_json(value: Any, limit: int | None = None) -> str | None:
+    if value is None:
+        return None
+    text = json.dumps(value, default=str, ensure_ascii=False, sort_keys=True)
+    return cap(text, limit) if limit else text
+
+
+def redact(value: Any) -> Any:
+    """A copy of a config mapping with values under secret-looking keys (password, token,
+    api_key, secret, dsn, ...) replaced by ``***``, and passwords in URLs (``scheme://user:***@host``)
+    masked. Names of environment variables
+    (keys ending in ``_env``) are kept: they are not secrets."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            ks = str(k)
+            if _SECRET_KEY_RE.search(ks) and not ks.lower().endswith("_env") and v not in (None, ""):
+                out[ks] = REDACTED
+            else:
+                out[ks] = redact(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return redact(value.model_dump(mode="json"))
+    if isinstance(value, str) and "://" in value:
+        return _URL_PASSWORD_RE.sub(lambda m: m.group(1) + REDACTED + "@", value)
+    return value
+
+
+@dataclass
+class TrialInfo:
+    """Trial metadata that is not in the RunReport."""
+
+    sweep_id: str
+    trial_id: str
+    task_id: str
+    agent: str
+    model: str | None = None
+    attempt: int = 0
+    outcome: str = "completed"
+    outcome_detail: str | None = None
+    agent_version: str | None = None
+    category: str | None = None
+    domain: str | None = None
+    complexity_tier: str | None = None
+    started_at: Any = None
+    ended_at: Any = None
+    agent_wall_s: float | None = None
+    eval_s: float | None = None
+    app_ok: bool | None = None
+    app_error: str | None = None
+    report_uri: str | None = None
+    harness_version: str = field(default_factory=harness_version)
+
+    def __post_init__(self) -> None:
+        if self.outcome not in S.OUTCOMES:
+            raise ValueError(f"outcome {self.outcome!r} is not one of {', '.join(S.OUTCOMES)}")
+        for name in ("sweep_id", "trial_id", "task_id"):
+            S.check_id(getattr(self, name), name)
+
+    def key(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id, "trial_id": self.trial_id, "task_id": self.task_id,
+                "agent": self.agent, "model": self.model, "attempt": self.attempt}
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _status(v: Any) -> str:
+    return getattr(v, "value", v)
+
+
+def trial_row(info: TrialInfo, report: Any = None, trajectory: Any = None, judge_calls: Sequence[Any] = ()) -> dict[str, Any]:
+    summary = _get(report, "summary")
+    counts = _get(summary, "counts")
+    started, ended = utc(info.started_at), utc(info.ended_at)
+    if started is None and report is not None:
+        started = utc(_get(report, "started_at"))
+    wall = (ended - started).total_seconds() if started and ended else None
+    jt_in = [c for c in (_get(c, "tokens_in") for c in judge_calls) if c is not None]
+    jt_out = [c for c in (_get(c, "tokens_out") for c in judge_calls) if c is not None]
+    return {
+        **info.key(),
+        "agent_version": info.agent_version if info.agent_version is not None else (_get(trajectory, "version") or None),
+        "category": info.category, "domain": info.domain, "complexity_tier": info.complexity_tier,
+        "outcome": info.outcome, "outcome_detail": cap(info.outcome_detail or _get(trajectory, "error"), S.MESSAGE_CAP),
+        "valid": info.outcome in S.VALID_OUTCOMES,
+        "started_at": started, "ended_at": ended, "wall_s": wall,
+        "agent_wall_s": info.agent_wall_s if info.agent_wall_s is not None else _get(trajectory, "wall_s"),
+        "eval_s": info.eval_s if info.eval_s is not None else _get(summary, "elapsed_s"),
+        "steps": _get(trajectory, "steps"), "tokens_in": _get(trajectory, "tokens_in"),
+        "tokens_out": _get(trajectory, "tokens_out"), "cost_usd": _get(trajectory, "cost_usd"),
+        "judge_tokens_in": sum(jt_in) if jt_in else None, "judge_tokens_out": sum(jt_out) if jt_out else None,
+        "task_score": _get(summary, "task_score"), "deterministic_score": _get(summary, "deterministic_score"),
+        "node_coverage": _get(summary, "node_coverage"), "score": _get(summary, "score"),
+        "max_score": _get(summary, "max_score"), "skipped_llm_max_score": _get(summary, "skipped_llm_max_score"),
+        "total_nodes": _get(summary, "total_nodes"),
+        "passed_nodes": _get(counts, "PASSED"), "failed_nodes": _get(counts, "FAILED"),
+        "error_nodes": _get(counts, "ERROR"), "skipped_dependency_nodes": _get(counts, "SKIPPED_DEPENDENCY"),
+        "skipped_llm_nodes": _get(counts, "SKIPPED_LLM"), "quarantined_nodes": _get(counts, "QUARANTINED"),
+        "compat": _get(report, "compat"), "dag": _get(report, "dag"),
+        "app_ok": info.app_ok, "app_error": cap(info.app_error, S.MESSAGE_CAP),
+        "exit_reason": _get(trajectory, "exit_reason"), "report_uri": info.report_uri,
+        "harness_version": info.harness_version, "schema_version": S.SCHEMA_VERSION,
+    }
+
+
+def node_rows(info: TrialInfo, report: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(node_results rows, step_results rows) of a RunReport."""
+    nodes, steps = [], []
+    key = info.key()
+    for i, n in enumerate(_get(report, "nodes", []) or []):
+        judge = _get(n, "judge") or {}
+        node_steps = _get(n, "steps", []) or []
+        nodes.append({
+            **key, "node_id": _get(n, "id"), "node_index": i, "category": _get(n, "category"),
+            "subcategory": _get(n, "subcategory") or None, "method": _get(n, "method"),
+            "complexity_tier": _get(n, "complexity_tier"), "status": _status(_get(n, "status")),
+            "score": _get(n, "score"), "max_score": _get(n, "max_score"), "duration_ms": _get(n, "duration_ms"),
+            "message": cap(_get(n, "message"), S.MESSAGE_CAP), "steps": len(node_steps),
+            "judge_score": judge.get("score") if isinstance(judge, Mapping) else None,
+            "judge_skipped": bool(judge.get("skipped")) if isinstance(judge, Mapping) and judge else None,
+        })
+        for s in node_steps:
+            steps.append({
+                **key, "node_id": _get(n, "id"), "step_index": _get(s, "index"), "code": _get(s, "type"),
+                "passed": _get(s, "passed"), "error": _get(s, "error"), "duration_ms": _get(s, "duration_ms"),
+                "message": cap(_get(s, "message"), S.MESSAGE_CAP),
+                "evidence_json": to_json(_get(s, "evidence") or {}, S.EVIDENCE_CAP),
+            })
+    return nodes, steps
+
+
+def judge_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, c in enumerate(calls):
+        tags = _get(c, "tags") or {}
+        rng = _get(c, "score_range") or (None, None)
+        out.append({
+            **info.key(), "call_index": i, "node_id": tags.get("node_id"), "rubric_id": _opt_str(tags.get("rubric_id")),
+            "at": utc(_get(c, "at")), "judge_model": _get(c, "model"), "prompt_hash": _get(c, "prompt_hash"),
+            "evidence_digest": _get(c, "evidence_digest"), "cache_key": _get(c, "cache_key"), "vote": _get(c, "vote"),
+            "rubric": cap(_get(c, "rubric"), S.JUDGE_TEXT_CAP), "score_min": rng[0], "score_max": rng[1],
+            "evidence_chars": _get(c, "evidence_chars"), "images": _get(c, "images"),
+            "raw_reply": cap(_get(c, "raw_reply"), S.JUDGE_TEXT_CAP), "score": _get(c, "score"),
+            "parsed_score": _get(c, "parsed_score"), "reply_form": _get(c, "reply_form"),
+            "reasoning": cap(_get(c, "reasoning"), S.JUDGE_TEXT_CAP), "latency_ms": _get(c, "latency_ms"),
+            "tokens_in": _get(c, "tokens_in"), "tokens_out": _get(c, "tokens_out"), "cached": _get(c, "cached"),
+            "attempts": _get(c, "attempts"), "error": cap(_get(c, "error"), S.MESSAGE_CAP), "tags_json": to_json(tags),
+        })
+    return out
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def trajectory_rows(info: TrialInfo, trajectory: Any) -> list[dict[str, Any]]:
+    out = []
+    start = utc(info.started_at)
+    for seq, ev in enumerate(_get(trajectory, "events", []) or []):
+        data = dict(_get(ev, "data") or {})
+        text = _get(ev, "message") or ""
+        role = data.pop("role", None)
+        tool = data.pop("tool", None) or data.pop("tool_name", None)
+        t_in, t_out = data.pop("tokens_in", None), data.pop("tokens_out", None)
+        t_s = _get(ev, "t_s")
+        out.append({
+            **info.key(), "seq": seq, "t_s": t_s,
+            "ts": start + timedelta(seconds=t_s) if start is not None and t_s is not None else None,
+            "kind": _get(ev, "kind"), "role": _opt_str(role), "content": cap(text, S.CONTENT_CAP),
+            "content_chars": len(text), "truncated": len(text) > S.CONTENT_CAP, "tool": _opt_str(tool),
+            "tokens_in": t_in if isinstance(t_in, int) else None, "tokens_out": t_out if isinstance(t_out, int) else None,
+            "data_json": to_json(data, S.DATA_CAP) if data else None,
+        })
+    return out
+
+
+def env_build_rows(info: TrialInfo, builds: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``env_builds`` rows from build records (dicts with the schema's column names)."""
+    cols = set(S.ENV_BUILDS.names) - set(info.key()) - {"build_index"}
+    out = []
+    for i, b in enumerate(builds):
+        row = {**info.key(), "build_index": i, **{k: v for k, v in dict(b).items() if k in cols}}
+        if "started_at" in row:
+            row["started_at"] = utc(row["started_at"])
+        for k in ("error", "log_tail"):
+            if k in row:
+                row[k] = cap(row[k], S.CONTENT_CAP)
+        out.append(row)
+    return out
+
+
+def trial_rows(info: TrialInfo, report: Any = None, *, trajectory: Any = None, judge_calls: Sequence[Any] = (),
+               env_builds: Iterable[Mapping[str, Any]] = ()) -> TrialRows:
+    """All rows of one trial. ``report`` may be None (the trial failed before evaluation)."""
+    judge_calls = list(judge_calls)
+    nodes, steps = node_rows(info, report) if report is not None else ([], [])
+    return TrialRows(info.sweep_id, info.trial_id, info.task_id, {
+        "trials": [trial_row(info, report, trajectory, judge_calls)],
+        "node_results": nodes,
+        "step_results": steps,
+        "judge_calls": judge_call_rows(info, judge_calls),
+        "env_builds": env_build_rows(info, env_builds),
+        "trajectory_events": trajectory_rows(info, trajectory) if trajectory is not None else [],
+    })
+
+
+def from_trial_result(result: Any, *, sweep_id: str, trial_id: str, task: Any = None, model: str | None = None,
+                      attempt: int = 0, outcome: str | None = None, outcome_detail: str | None = None,
+                      started_at: Any = None, ended_at: Any = None, judge_calls: Sequence[Any] = (),
+                      env_builds: Iterable[Mapping[str, Any]] = (), report_uri: str | None = None) -> TrialRows:
+    """Rows of a :class:`saasbench.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
+    domain, tier); ``outcome`` defaults to the trajectory's exit reason (agent outcomes only: infra
+    outcomes are decided by whoever raised them and passed in)."""
+    spec = getattr(task, "spec", task)
+    traj = result.trajectory
+    report = result.report
+    task_id = _get(spec, "id") or _get(report, "task_id")
+    info = TrialInfo(
+        sweep_id=sweep_id, trial_id=trial_id, task_id=task_id, agent=result.agent,
+        model=model if model is not None else _get(traj, "model"), attempt=attempt,
+        outcome=outcome or _get(traj, "exit_reason") or "completed", outcome_detail=outcome_detail,
+        category=_get(spec, "category") or None, domain=_get(spec, "domain"),
+        complexity_tier=_get(spec, "complexity_tier"), started_at=started_at, ended_at=ended_at,
+        app_ok=result.app_ok, app_error=result.app_error, report_uri=report_uri,
+    )
+    return trial_rows(info, report, trajectory=traj, judge_calls=judge_calls, env_builds=env_builds)
+
+
+def sweep_row(sweep_id: str, *, config: Any = None, name: str | None = None, created_at: Any = None,
+              tasks: Sequence[str] = (), agents: Sequence[str] = (), models: Sequence[str] = (),
+              attempts: int | None = None) -> dict[str, Any]:
+    """The ``sweeps`` row. ``config`` (mapping or pydantic model) is stored as JSON with values
+    under secret-looking keys replaced by ``***``."""
+    return {
+        "sweep_id": S.check_id(sweep_id, "sweep_id"), "name": name,
+        "created_at": utc(created_at) or datetime.now(UTC),
+        "config_json": to_json(redact(config)) if config is not None else None,
+        "tasks": list(tasks), "agents": list(agents), "models": [m for m in models if m is not None],
+        "attempts": attempts, "harness_version": harness_version(), "host": socket.gethostname(),
+        "schema_version": S.SCHEMA_VERSION,
+    }
+
+
+def validation_rows(report: Any, run_id: str) -> list[dict[str, Any]]:
+    """``reference_validations`` rows (one per node) of a :class:`saasbench.validate.ValidationReport`."""
+    task_id = S.check_id(_get(report, "task_id"), "task_id")
+    S.check_id(run_id, "run_id")
+    started = utc(_get(report, "started_at"))
+    return [{
+        "task_id": task_id, "run_id": run_id, "dag": _get(report, "dag"), "started_at": started,
+        "node_id": _get(n, "id"), "category": _get(n, "category"), "method": _get(n, "method"),
+        "max_score": _get(n, "max_score"), "repeats": _get(report, "repeats"), "passed": _get(n, "passed"),
+        "counted": _get(n, "counted"), "pass_rate": _get(n, "pass_rate"), "verdict": _get(n, "verdict"),
+        "flaky_cause": _get(n, "flaky_cause"), "statuses": [_status(s) for s in _get(n, "statuses", [])],
+        "last_message": cap(_get(n, "last_message"), S.MESSAGE_CAP), "harness_version": harness_version(),
+        "schema_version": S.SCHEMA_VERSION,
+    } for n in _get(report, "nodes", [])]

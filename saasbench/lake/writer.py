@@ -1,0 +1,277 @@
+"""Idempotent, all-or-nothing writes of lake rows, grouped in commit units.
+
+A *unit* is what becomes visible at once: one trial (its rows in every per-trial table), one
+sweep row, or one reference validation run. Writing a unit:
+
+1. turns each table's rows into Parquet bytes (schema from :mod:`saasbench.lake.schema`);
+2. derives ``<gen>``, a hash of those bytes, and the keys ``.../part-<id>.<gen>.parquet``
+   (deterministic: the same rows give the same keys, so a rewrite overwrites in place);
+3. puts every part file (each put atomic);
+4. puts the commit marker ``_commits/...json`` listing keys and row counts (one atomic object:
+   the moment of commit);
+5. deletes part files of the unit that the new marker does not list (a previous write with
+   other rows or more tables, or files of a write that crashed before its marker).
+
+Readers build their file lists from markers only, so a crash before step 4 leaves the previous
+version (or nothing) visible, never a partial unit; a rewrite with different rows switches from the
+old file set to the new one in step 4. One writer per unit at a time (the orchestrator runs a
+trial once at a time); concurrent readers of a unit being rewritten may see a missing-file error
+after step 5, never mixed rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from saasbench.lake import schema as S
+from saasbench.lake.store import Store, lake_from_uri
+
+COMMITS = "_commits"
+MARKER_FORMAT = "saasbench-lake-commit/1"
+_PART_RE = re.compile(r"^part-(?P<id>.+)\.(?P<gen>[0-9a-f]{16})\.parquet$")
+
+Rows = "pa.Table | Iterable[Mapping[str, Any]]"
+
+
+@dataclass
+class TrialRows:
+    """The rows of one trial, per table name (any of :data:`schema.TRIAL_TABLES`; missing = none)."""
+
+    sweep_id: str
+    trial_id: str
+    task_id: str
+    tables: dict[str, Any] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        return {k: (v.num_rows if isinstance(v, pa.Table) else len(list(v))) for k, v in self.tables.items()}
+
+
+@dataclass
+class Commit:
+    """What a write committed: the marker key and the files (table, key, rows)."""
+
+    marker: str
+    generation: str
+    files: list[dict[str, Any]]
+    deleted: list[str]
+
+    def rows(self, table: str) -> int:
+        return sum(f["rows"] for f in self.files if f["table"] == table)
+
+
+# --- keys --------------------------------------------------------------------------------------
+def trial_marker_key(sweep_id: str, trial_id: str) -> str:
+    return f"{COMMITS}/sweep_id={S.check_id(sweep_id, 'sweep_id')}/trial_id={S.check_id(trial_id, 'trial_id')}.json"
+
+
+def sweep_marker_key(sweep_id: str) -> str:
+    return f"{COMMITS}/sweep_id={S.check_id(sweep_id, 'sweep_id')}/_sweep.json"
+
+
+def validation_marker_key(task_id: str, run_id: str) -> str:
+    return f"{COMMITS}/_validations/task_id={S.check_id(task_id, 'task_id')}/run_id={S.check_id(run_id, 'run_id')}.json"
+
+
+def _part_dir(table: str, ids: Mapping[str, str]) -> str:
+    t = S.table(table)
+    return table + "/" + "/".join(f"{c}={S.check_id(ids[c], c)}" for c in t.partition_by)
+
+
+# --- arrow / parquet ---------------------------------------------------------------------------
+def to_table(name: str, rows: Any) -> pa.Table:
+    """Rows (a pyarrow Table or dicts) as a Table with exactly the schema's columns and types.
+    Unknown keys raise (a typo would otherwise vanish); missing nullable columns are NULL."""
+    sch = S.table(name).schema
+    if isinstance(rows, pa.Table):
+        extra = set(rows.column_names) - set(sch.names)
+        if extra:
+            raise ValueError(f"{name}: unknown column(s) {sorted(extra)}")
+        cols = [rows.column(n) if n in rows.column_names else pa.nulls(rows.num_rows, f.type)
+                for n, f in zip(sch.names, sch)]
+        return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(cols, sch)], schema=sch)
+    rows = list(rows)
+    for i, r in enumerate(rows):
+        extra = set(r) - set(sch.names)
+        if extra:
+            raise ValueError(f"{name} row {i}: unknown column(s) {sorted(extra)}")
+    try:
+        return pa.Table.from_pylist(rows, schema=sch)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ValueError(f"{name}: rows do not fit the schema: {exc}") from None
+
+
+def _parquet_bytes(tbl: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(tbl, sink, compression="zstd", row_group_size=64 * 1024)
+    return sink.getvalue().to_pybytes()
+
+
+def _check_ids(name: str, tbl: pa.Table, ids: Mapping[str, str]) -> None:
+    for col, want in ids.items():
+        if col in tbl.column_names and tbl.num_rows:
+            got = set(tbl.column(col).to_pylist())
+            if got != {want}:
+                raise ValueError(f"{name}: column {col} must be {want!r} in every row of this unit, got {sorted(map(str, got))}")
+
+
+# --- the commit protocol -----------------------------------------------------------------------
+Hook = Callable[[str, str], None]
+
+
+def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping[str, Any], file_id: str,
+            ids_for_partition: Mapping[str, str], *, hook: Hook | None = None) -> Commit:
+    built: list[tuple[str, pa.Table, bytes]] = []
+    for name, rows in tables.items():
+        tbl = to_table(name, rows)
+        _check_ids(name, tbl, {k: v for k, v in unit.items() if k in ("sweep_id", "trial_id", "task_id", "run_id")})
+        if tbl.num_rows:
+            built.append((name, tbl, _parquet_bytes(tbl)))
+    h = hashlib.sha256()
+    for name, _t, data in sorted(built, key=lambda b: b[0]):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    gen = h.hexdigest()[:16]
+
+    files = [{"table": name, "key": f"{_part_dir(name, ids_for_partition)}/part-{file_id}.{gen}.parquet",
+              "rows": tbl.num_rows, "bytes": len(data)} for name, tbl, data in built]
+    old = read_marker(store, marker_key)
+
+    for f, (_name, _tbl, data) in zip(files, built):
+        if hook:
+            hook("before_file", f["key"])
+        store.put(f["key"], data)
+    if hook:
+        hook("before_marker", marker_key)
+    marker = {"format": MARKER_FORMAT, "schema_version": S.SCHEMA_VERSION, **unit, "generation": gen,
+              "written_at": datetime.now(UTC).isoformat(timespec="microseconds"),
+              "files": files}
+    store.put(marker_key, json.dumps(marker, sort_keys=True).encode())
+
+    # clean up: files of earlier writes of this unit that the new marker does not list
+    keep = {f["key"] for f in files}
+    stale = {f["key"] for f in (old or {}).get("files", []) if f.get("key") not in keep}
+    unit_tables = [n for n, t in S.TABLES.items() if t.unit == unit["unit"]]
+    for name in unit_tables:
+        d = _part_dir(name, ids_for_partition) + "/"
+        for key in store.list(d + f"part-{file_id}."):
+            m = _PART_RE.match(key[len(d):])
+            if m and m.group("id") == file_id and key not in keep:
+                stale.add(key)
+    if stale:
+        store.delete(sorted(stale))
+    return Commit(marker=marker_key, generation=gen, files=files, deleted=sorted(stale))
+
+
+def write_trial(lake: Store | str, rows: TrialRows, *, hook: Hook | None = None) -> Commit:
+    """Write one trial's rows in every per-trial table and commit them at once.
+
+    Idempotent: writing the same rows again changes nothing visible; writing other rows for the
+    same (sweep_id, trial_id) replaces the trial. ``hook(event, key)`` is called before each file
+    and before the marker (tests use it to simulate a crash).
+    """
+    store = lake_from_uri(lake)
+    unknown = set(rows.tables) - set(S.TRIAL_TABLES)
+    if unknown:
+        raise ValueError(f"not per-trial tables: {sorted(unknown)} (per-trial: {', '.join(S.TRIAL_TABLES)})")
+    ids = {"sweep_id": S.check_id(rows.sweep_id, "sweep_id"), "task_id": S.check_id(rows.task_id, "task_id")}
+    S.check_id(rows.trial_id, "trial_id")
+    unit = {"unit": "trial", "sweep_id": rows.sweep_id, "trial_id": rows.trial_id, "task_id": rows.task_id}
+    return _commit(store, trial_marker_key(rows.sweep_id, rows.trial_id), unit, rows.tables, rows.trial_id, ids, hook=hook)
+
+
+def write_sweep(lake: Store | str, row: Mapping[str, Any], *, hook: Hook | None = None) -> Commit:
+    """Write (or replace) the ``sweeps`` row of one sweep."""
+    store = lake_from_uri(lake)
+    sweep_id = S.check_id(row["sweep_id"], "sweep_id")
+    unit = {"unit": "sweep", "sweep_id": sweep_id}
+    return _commit(store, sweep_marker_key(sweep_id), unit, {"sweeps": [dict(row)]}, sweep_id,
+                   {"sweep_id": sweep_id}, hook=hook)
+
+
+def write_validation(lake: Store | str, task_id: str, run_id: str, rows: Any, *, hook: Hook | None = None) -> Commit:
+    """Write (or replace) the ``reference_validations`` rows of one validate-reference run."""
+    store = lake_from_uri(lake)
+    unit = {"unit": "validation", "task_id": S.check_id(task_id, "task_id"), "run_id": S.check_id(run_id, "run_id")}
+    return _commit(store, validation_marker_key(task_id, run_id), unit, {"reference_validations": rows}, run_id,
+                   {"task_id": task_id}, hook=hook)
+
+
+# --- reading markers ---------------------------------------------------------------------------
+def read_marker(store: Store, key: str) -> dict[str, Any] | None:
+    data = store.get(key)
+    return _parse_marker(key, data)
+
+
+def _parse_marker(key: str, data: bytes | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    try:
+        m = json.loads(data)
+    except ValueError:
+        return None  # not ours / damaged: ignored, never half-read
+    if not isinstance(m, dict) or m.get("format") != MARKER_FORMAT or not isinstance(m.get("files"), list):
+        return None
+    return m
+
+
+def list_commits(lake: Store | str, *, sweep_id: str | None = None) -> list[dict[str, Any]]:
+    """All commit markers (sweep rows, trials, validations), optionally only one sweep's
+    (validations are always included: they belong to tasks, not sweeps)."""
+    store = lake_from_uri(lake)
+    if sweep_id is not None:
+        keys = store.list(f"{COMMITS}/sweep_id={S.check_id(sweep_id, 'sweep_id')}/") + store.list(f"{COMMITS}/_validations/")
+    else:
+        keys = store.list(f"{COMMITS}/")
+    keys = [k for k in keys if k.endswith(".json")]
+    out = []
+    for key, data in store.get_many(keys).items():
+        m = _parse_marker(key, data)
+        if m is not None:
+            m["marker"] = key
+            out.append(m)
+    return out
+
+
+def committed_trials(lake: Store | str, sweep_id: str) -> set[str]:
+    """Trial ids of ``sweep_id`` that are committed (a resumed sweep skips these)."""
+    return {m["trial_id"] for m in list_commits(lake, sweep_id=sweep_id) if m.get("unit") == "trial"}
+
+
+def is_committed(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
+    return read_marker(lake_from_uri(lake), trial_marker_key(sweep_id, trial_id)) is not None
+
+
+def vacuum(lake: Store | str, *, older_than_s: float = 3600.0, dry_run: bool = False) -> list[str]:
+    """Delete part files no commit marker lists (left by writes that crashed before their marker
+    and were never rewritten), if older than ``older_than_s`` so in-flight writes are spared.
+    Returns the keys deleted (or that would be, with ``dry_run``)."""
+    import time
+
+    store = lake_from_uri(lake)
+    listed = {f["key"] for m in list_commits(store) for f in m["files"]}
+    cutoff = time.time() - older_than_s
+    orphans = [key for name in S.TABLES for key, mtime in store.list_info(name + "/")
+               if key.endswith(".parquet") and key not in listed and mtime <= cutoff]
+    if orphans and not dry_run:
+        store.delete(orphans)
+    return orphans
+
+
+def delete_trial(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
+    """Remove a trial: marker first (invisible at once), then its files. False if absent."""
+    store = lake_from_uri(lake)
+    key = trial_marker_key(sweep_id, trial_id)
+    m = read_marker(store, key)
+    if m is None:
+        return False
+    store.delete([key])
+    store.delete([f["key"] for f in m["files"]])
+    return True
