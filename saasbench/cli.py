@@ -49,6 +49,26 @@ app.add_typer(dag_app, name="dag")
 app.add_typer(primitives_app, name="primitives")
 
 
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL over the lake's views: sweeps, trials, node_results, step_results, judge_calls, env_builds, trajectory_events, reference_validations")],
+    lake: Annotated[Optional[str], typer.Option("--lake", help="Lake URI: a folder, file:///..., or s3://bucket/prefix (default $SAASBENCH_LAKE or runs/lake)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
+    sweep: Annotated[Optional[str], typer.Option("--sweep", help="Read only this sweep's files")] = None,
+) -> None:
+    """Run SQL over the results lake with DuckDB.
+
+    Example: saasbench query "SELECT agent, avg(deterministic_score) FROM trials GROUP BY 1"
+    """
+    if fmt not in ("table", "csv", "json"):
+        raise _fail("--format must be table, csv or json")
+    from saasbench.lake.query import query_cmd
+
+    code = query_cmd(sql, lake, fmt, sweep_id=sweep)  # type: ignore[arg-type]
+    if code:
+        raise typer.Exit(code)
+
+
 def _register_task_commands() -> None:
     """tasks list/show/import and validate-reference live in cli_tasks (imports stay light)."""
     from saasbench.cli_tasks import tasks_app, validate_reference_cmd
@@ -572,6 +592,7 @@ DEMO_AGENTS = ("oracle", "nop")
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/demo-<timestamp>")] = None,
     task: Annotated[str, typer.Option("--task", help="Task id or folder")] = DEMO_TASK,
+    lake: Annotated[Optional[str], typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")] = None,
     backend: Annotated[str, typer.Option("--backend", help="local (default, no engine needed) or docker")] = "local",
 ) -> None:
     """Run the oracle and nop agents on the bundled demo task end to end and print a leaderboard.
@@ -598,8 +619,19 @@ def demo(
         raise _fail(f"--backend must be local or docker, not {backend!r}")
     out_dir = out or _fresh_dir(Path("runs") / f"demo-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    import datetime as dt
+    import os
+
+    from saasbench import lake as lakelib
+
+    lake_uri = lake or os.environ.get("SAASBENCH_LAKE") or "runs/lake"
+    store = lakelib.lake_from_uri(lake_uri)
+    sweep_id = f"demo-{_timestamp()}"
+    lakelib.write_sweep(store, lakelib.sweep_row(sweep_id, name="saasbench demo", tasks=[spec.id], agents=list(DEMO_AGENTS),
+                                                 config={"backend": backend, "task": spec.id}, attempts=1))
     rows = []
     for agent in DEMO_AGENTS:
+        started = dt.datetime.now(dt.timezone.utc)
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       console=console, transient=True) as progress:
             bar = progress.add_task(f"{agent}: preparing", total=None)
@@ -611,6 +643,9 @@ def demo(
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(result.report.model_dump_json(indent=2), encoding="utf-8")
         (out_dir / agent / "trajectory.json").write_text(result.trajectory.model_dump_json(indent=2), encoding="utf-8")
+        lakelib.write_trial(store, lakelib.from_trial_result(
+            result, sweep_id=sweep_id, trial_id=f"{spec.id}.{agent}.0", task=spec, started_at=started,
+            ended_at=dt.datetime.now(dt.timezone.utc), report_uri=str(report_path)))
         rows.append((agent, result, report_path))
         note = "app up" if result.app_ok else f"app down: {(result.app_error or '')[:60]}"
         console.print(f"{agent}: deterministic score {result.report.summary.deterministic_score} ({note})")
@@ -625,6 +660,8 @@ def demo(
     console.print(table)
     for agent, _, report_path in rows:
         console.print(f"{agent} report: {escape(str(report_path))}")
+    console.print(f"Lake: {escape(lake_uri)} (sweep {sweep_id}); try: saasbench query "
+                  f"\"SELECT agent, deterministic_score FROM trials WHERE sweep_id = '{sweep_id}'\" --lake {escape(lake_uri)}")
 
 
 def spec_nodes(task) -> list:

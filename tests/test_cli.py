@@ -319,8 +319,14 @@ def test_evaluate_against_a_live_app_with_vars_and_quarantine(tmp_path: Path, te
 
 
 def test_demo_runs_oracle_and_nop_on_the_demo_task(tmp_path: Path) -> None:
-    result = invoke("demo", "--out", tmp_path / "demo")
+    result = invoke("demo", "--out", tmp_path / "demo", "--lake", tmp_path / "lake")
     assert result.exit_code == 0, result.output
+    from saasbench.lake import query
+
+    rows = query(str(tmp_path / "lake"), "SELECT agent, deterministic_score FROM trials ORDER BY agent").to_pylist()
+    assert [r["agent"] for r in rows] == ["nop", "oracle"]
+    counts = query(str(tmp_path / "lake"), "SELECT count(*) AS n FROM node_results").to_pylist()[0]["n"]
+    assert counts == 2 * len(json.loads((tmp_path / "demo" / "oracle" / "report.json").read_text())["nodes"])
     oracle = json.loads((tmp_path / "demo" / "oracle" / "report.json").read_text())
     nop = json.loads((tmp_path / "demo" / "nop" / "report.json").read_text())
     assert oracle["task_id"] == nop["task_id"] == "timetrack"
