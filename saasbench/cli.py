@@ -75,7 +75,11 @@ def _register_task_commands() -> None:
 
     from saasbench.cli_env import env_app
 
+    from saasbench.cli_lake import compare_cmd, report_cmd
+
     app.add_typer(tasks_app, name="tasks")
+    app.command("report")(report_cmd)
+    app.command("compare")(compare_cmd)
     app.add_typer(env_app, name="env")
     app.command("validate-reference")(validate_reference_cmd)
 

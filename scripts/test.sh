@@ -17,7 +17,7 @@ VENV=.venv
 # tests start their own dockerd; images come from `docker import` of busybox and of a
 # debootstrap Debian root, since registries are unreachable). Installed only when
 # missing, so a warm machine pays nothing.
-APT_PACKAGES=(postgresql mariadb-server patch docker.io busybox-static debootstrap)
+APT_PACKAGES=(postgresql mariadb-server patch docker.io busybox-static debootstrap chromium)
 install_system_deps() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do
