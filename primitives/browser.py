@@ -54,7 +54,7 @@ from saasbench.browser import (
     Deadline,
     Guard,
     Rendered,
-    _quiet,
+    quietly,
     absolute_url,
     check_url,
     load_page,
@@ -199,7 +199,7 @@ def _in_context(ctx: RunContext, inputs: PageInputs, identity: Identity | None, 
             page = await session.new_page(context)
             return await work(page, guard)
         finally:
-            await _quiet(asyncio.wait_for(context.close(), CONTEXT_CLOSE_S))
+            await quietly(asyncio.wait_for(context.close(), CONTEXT_CLOSE_S))
 
     return session.run(job, total_s + RUN_MARGIN_S)
 
