@@ -537,6 +537,30 @@ class DockerEnvironment(Environment):
         return self.spec.services[self.app_name].workspace_target() or "/app"
 
     @property
+    def gateway_ip(self) -> str | None:
+        """The host's address on this trial's network: where containers reach host-side services."""
+        if self._network is None:
+            return None
+        try:
+            net = self.client.networks.get(self._network)
+            for cfg in (net.attrs.get("IPAM") or {}).get("Config") or []:
+                if cfg.get("Gateway"):
+                    return str(cfg["Gateway"])
+        except docker.errors.APIError:
+            return None
+        return None
+
+    # Webhook receivers and SMTP sinks of a run bind the gateway, so the app container can call
+    # them (saasbench.receivers.receiver_hosts reads these two attributes).
+    @property
+    def receiver_bind_host(self) -> str | None:
+        return self.gateway_ip
+
+    @property
+    def receiver_advertise_host(self) -> str | None:
+        return self.gateway_ip
+
+    @property
     def workspace_dir(self) -> Path:
         """The workspace on the host."""
         return self._require()
