@@ -2,8 +2,9 @@
 
 ``base`` holds the interface (:class:`Agent`, :class:`Budget`, :class:`Trajectory`), the
 registry (:func:`get_agent`, :func:`list_agents`, :func:`register_agent`) and the task prompt
-(:func:`build_prompt`). Built-in agents: ``oracle`` (installs the reference implementation) and
-``nop`` (does nothing); CLI adapters (Claude Code, Codex, ...) register the same way.
+(:func:`build_prompt`). Built-in agents: ``oracle`` (installs the reference implementation),
+``nop`` (does nothing) and ``builtin`` (a litellm tool-using loop, :mod:`saasbench.agents.builtin`;
+:mod:`saasbench.agents.anticheat` scans trajectories for fetched source code); CLI adapters (Claude Code, Codex, ...) register the same way.
 """
 
 from saasbench.agents.base import (
@@ -21,3 +22,6 @@ from saasbench.agents.base import (
 
 __all__ = ["Agent", "AgentNotFound", "Budget", "Trajectory", "TrajectoryEvent", "build_prompt", "get_agent", "list_agents",
            "register_agent", "stage_task_inputs"]
+
+# Registers the ``builtin`` agent (imported after ``base``; litellm itself is imported lazily on the first model call).
+from saasbench.agents import builtin as _builtin  # noqa: F401

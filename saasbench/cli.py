@@ -648,7 +648,7 @@ def demo(
         report_path.write_text(result.report.model_dump_json(indent=2), encoding="utf-8")
         (out_dir / agent / "trajectory.json").write_text(result.trajectory.model_dump_json(indent=2), encoding="utf-8")
         lakelib.write_trial(store, lakelib.from_trial_result(
-            result, sweep_id=sweep_id, trial_id=f"{spec.id}.{agent}.0", task=spec, started_at=started,
+            result, sweep_id=sweep_id, trial_id=f"{spec.id}.{agent}.0", task=spec, started_at=started, outcome=result.outcome,
             ended_at=dt.datetime.now(dt.timezone.utc), report_uri=str(report_path)))
         rows.append((agent, result, report_path))
         note = "app up" if result.app_ok else f"app down: {(result.app_error or '')[:60]}"

@@ -7,6 +7,7 @@ in the result (its nodes then fail), never raised.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,8 @@ class TrialResult:
     app_error: str | None
     app_log_tail: str
     workspace: str
+    outcome: str = "completed"  # the trajectory's exit reason, or voided_cheat
+    cheat_findings: list = None  # type: ignore[assignment]
 
 
 def make_environment(task, backend: str = "local", *, keep_workspace: bool = False, docker_client=None):
@@ -51,12 +54,17 @@ def run_local_trial(task, agent_name: str, *, keep_workspace: bool = False,
 
     say = say or (lambda m: None)
     dag = load_dag(task.dag_path).dag
-    agent = get_agent(agent_name)
+    agent = agent_name if not isinstance(agent_name, str) else get_agent(agent_name)  # a name or an Agent
+    agent_name = agent.name
     with make_environment(task, backend, keep_workspace=keep_workspace, docker_client=docker_client) as env:
         say(f"{agent_name}: installing in {env.workspace_path}")
         agent.install(env)
         trajectory = agent.run(build_prompt(task, env), env, Budget(wall_s=task.spec.timeouts.agent_s))
-        say(f"{agent_name}: {trajectory.exit_reason}; starting the app")
+        from saasbench.agents.anticheat import void_if_cheating
+
+        voided, findings = void_if_cheating(trajectory)
+        outcome = "voided_cheat" if voided else (trajectory.exit_reason or "completed")
+        say(f"{agent_name}: {outcome}; starting the app")
         app = start_app(task, env, command=agent.app_start_command(task))
         if not app.ok:
             say(f"{agent_name}: app not healthy: {app.error}")
@@ -71,4 +79,5 @@ def run_local_trial(task, agent_name: str, *, keep_workspace: bool = False,
         report = Engine(dag, ctx).run(on_node=on_node)
         workspace = str(env.workspace_dir)
     return TrialResult(agent=agent_name, report=report, trajectory=trajectory, app_ok=app.ok, app_error=app.error,
-                       app_log_tail=app.log_tail, workspace=workspace)
+                       app_log_tail=app.log_tail, workspace=workspace, outcome=outcome,
+                       cheat_findings=[dataclasses.asdict(f) for f in findings])
