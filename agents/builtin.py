@@ -142,6 +142,7 @@ def cap_text(text: str, limit: int) -> str:
 
 @register_agent("builtin")
 class BuiltinAgent(Agent):
+    """A tool-using loop on litellm (shell, read/write/edit file, finish) for any model, with budgets."""
     version = "1"
 
     def __init__(self, model: str | None = None, *, api_base: str | None = None, api_key_env: str | None = None,

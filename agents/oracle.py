@@ -24,6 +24,7 @@ SKIP_DIRS = frozenset({"__pycache__", ".git", "node_modules", ".venv", ".pytest_
 
 @register_agent("oracle")
 class OracleAgent(Agent):
+    """Installs the task's reference implementation: proves the task and its DAG are valid."""
     version = "1"
 
     def app_start_command(self, task: Task) -> str | None:

@@ -69,6 +69,27 @@ def query(
         raise typer.Exit(code)
 
 
+agents_app = typer.Typer(help="Agent adapters.\n\nExample: saasbench agents list", no_args_is_help=True)
+app.add_typer(agents_app, name="agents")
+
+
+@agents_app.command("list")
+def agents_list() -> None:
+    """List the registered agents (name, version, description); custom ones load by module:Class.
+
+    Example: saasbench agents list
+    """
+    from saasbench.agents.base import list_agents
+
+    table = Table(show_edge=False)
+    for col in ("agent", "version", "description"):
+        table.add_column(col)
+    for name, cls in sorted(list_agents().items()):
+        doc = (cls.__doc__ or "").strip().splitlines()
+        table.add_row(name, str(getattr(cls, "version", "")), doc[0] if doc else "")
+    _console().print(table)
+
+
 def _register_task_commands() -> None:
     """tasks list/show/import and validate-reference live in cli_tasks (imports stay light)."""
     from saasbench.cli_tasks import tasks_app, validate_reference_cmd
