@@ -1,0 +1,119 @@
+"""``saasbench run`` and ``saasbench sweep``: typer functions the CLI registers.
+
+Wiring (in saasbench/cli.py)::
+
+    from saasbench.cli_flows import run_cmd, sweep_cmd
+    app.command("run")(run_cmd)
+    app.command("sweep")(sweep_cmd)
+
+Both go through Prefect flows (``flows/``) in ephemeral mode (a temporary local server per
+process, state under ``$PREFECT_HOME``) or against ``$PREFECT_API_URL`` when set; ``sweep
+--no-prefect`` runs the same core in a thread pool without Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+
+def prefect_env() -> None:
+    """Defaults for Prefect when the user set none: no telemetry, state outside ~/.prefect."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"saasbench-prefect-{os.getuid()}")
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/red] {escape(message)}")
+    return typer.Exit(code)
+
+
+def run_cmd(
+    task: Annotated[str, typer.Option("--task", help="Task id or folder")],
+    agent: Annotated[str, typer.Option("--agent", help="Agent name (oracle, nop, ...)")],
+    model: Annotated[str | None, typer.Option("--model", help="Model for LLM agents")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="local or docker")] = "local",
+    lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")] = None,
+    sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id of the trial (default run-<task>-<agent>)")] = None,
+    attempt: Annotated[int, typer.Option("--attempt", help="Attempt number (part of the trial id)")] = 0,
+) -> None:
+    """Run one trial through the Prefect trial flow and commit it to the lake.
+
+    Example: saasbench run --task timetrack --agent oracle
+    """
+    from saasbench.sweep import SweepSpec, id_part
+
+    if backend not in ("local", "docker"):
+        raise _fail(f"--backend must be local or docker, not {backend!r}")
+    try:
+        spec = SweepSpec(sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}", tasks=[task], agents=[agent],
+                         models=[model], backend=backend, lake=lake)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    prefect_env()
+    from saasbench.flows.trial import trial_flow
+
+    outcome = trial_flow(task=task, agent=agent, model=model, attempt=attempt, sweep=spec.model_dump())
+    Console().print(f"{escape(task)}/{escape(agent)}: {outcome} (sweep {spec.sweep_id}, lake {escape(spec.lake_uri)})")
+
+
+def sweep_cmd(
+    spec_yaml: Annotated[Path | None, typer.Argument(help="Sweep spec YAML (or give --task/--agent)")] = None,
+    task: Annotated[list[str] | None, typer.Option("--task", help="Task id (repeatable)")] = None,
+    agent: Annotated[list[str] | None, typer.Option("--agent", help="Agent (repeatable)")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="Model (repeatable)")] = None,
+    attempts: Annotated[int | None, typer.Option("--attempts", help="Attempts per config")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="local or docker")] = None,
+    sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id (re-use one to resume)")] = None,
+    lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help="Trials at once")] = None,
+    no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Plain thread pool, no Prefect")] = False,
+) -> None:
+    """Run a sweep (tasks x agents x models x attempts); re-running a sweep id resumes it.
+
+    Examples: saasbench sweep sweep.yaml; saasbench sweep --task timetrack --agent oracle --agent nop --sweep-id s1
+    """
+    import datetime as dt
+
+    import yaml
+
+    from saasbench.sweep import SweepSpec, aggregate, plan, run_sweep_plain
+
+    data: dict = {}
+    if spec_yaml is not None:
+        try:
+            data = yaml.safe_load(spec_yaml.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise _fail(f"cannot read {spec_yaml}: {exc}") from None
+    for key, value in (("tasks", task), ("agents", agent), ("models", model), ("attempts", attempts),
+                       ("backend", backend), ("sweep_id", sweep_id), ("lake", lake), ("concurrency", concurrency)):
+        if value:
+            data[key] = value
+    data.setdefault("sweep_id", "sweep-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValueError as exc:
+        raise _fail(f"invalid sweep spec: {exc}") from None
+    console = Console()
+    console.print(f"sweep {spec.sweep_id}: {len(plan(spec))} trial(s), lake {escape(spec.lake_uri)}")
+    if no_prefect:
+        outcomes = run_sweep_plain(spec, on_done=lambda t, o: console.print(f"  {escape(t.label)}: {o}"))
+        agg = aggregate(spec)
+        board, html = agg["markdown"], agg["html"]
+    else:
+        prefect_env()
+        from saasbench.flows.sweep import sweep_flow
+
+        res = sweep_flow(spec.model_dump())
+        outcomes, board, html = res["outcomes"], res["leaderboard"], res["html"]
+    console.print(f"ran {len(outcomes)} trial(s) now ({len(plan(spec)) - len(outcomes)} already committed)")
+    console.print(board, markup=False, highlight=False)
+    if html:
+        console.print(f"HTML report: {escape(html)}")

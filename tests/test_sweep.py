@@ -1,0 +1,223 @@
+"""Sweeps without Prefect: plan, resume, retry classification, SIGKILL resume (saasbench.sweep)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from saasbench import environment
+from saasbench import lake as lakelib
+from saasbench import sweep as sw
+from saasbench.failures import (
+    AgentError,
+    AgentTimeout,
+    EnvError,
+    HarnessError,
+    JudgeError,
+    TaskDefect,
+    is_retryable,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def spec_for(tmp_path: Path, sweep_id: str = "s1", **kw) -> sw.SweepSpec:
+    data = {"sweep_id": sweep_id, "tasks": ["timetrack"], "agents": ["oracle", "nop"], "lake": str(tmp_path / "lake"),
+            "report_dir": str(tmp_path / "reports"), "retry_delays": [0]}
+    data.update(kw)
+    return sw.SweepSpec.model_validate(data)
+
+
+@pytest.fixture
+def count_runs(monkeypatch):
+    calls: list[str] = []
+    real = sw.run_local_trial
+
+    def counting(task, agent, **kw):
+        calls.append(agent)
+        return real(task, agent, **kw)
+
+    monkeypatch.setattr(sw, "run_local_trial", counting)
+    return calls
+
+
+def trial_rows(lake: str, sweep_id: str):
+    return lakelib.query(lake, "SELECT trial_id, outcome, attempt FROM trials WHERE sweep_id = ? ORDER BY trial_id",
+                         [sweep_id]).to_pylist()
+
+
+def test_failure_taxonomy():
+    assert is_retryable(EnvError("x")) and is_retryable(JudgeError("x"))
+    for exc in (TaskDefect("x"), AgentError("x"), AgentTimeout("x")):
+        assert not is_retryable(exc)
+    assert not is_retryable(RuntimeError("x"))
+    assert AgentTimeout("x").outcome == "agent_timeout" and isinstance(AgentTimeout("x"), HarnessError)
+    assert EnvError.outcome == "env_error" and TaskDefect.outcome == "task_defect"
+
+
+def test_plan_ids_and_yaml(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent("""\
+        sweep_id: s-yaml
+        tasks: [timetrack]
+        agents: [oracle, llm]
+        models: [null, openai/gpt-4o]
+        attempts: 2
+        concurrency: 3
+    """))
+    spec = sw.SweepSpec.from_yaml(path)
+    assert spec.backend == "local" and spec.concurrency == 3
+    ids = [t.trial_id for t in sw.plan(spec)]
+    assert len(ids) == 8 and len(set(ids)) == 8
+    assert ids[:4] == ["timetrack.oracle.none.0", "timetrack.oracle.openai_gpt-4o.0",
+                       "timetrack.llm.none.0", "timetrack.llm.openai_gpt-4o.0"]
+    assert ids[-1] == "timetrack.llm.openai_gpt-4o.1"
+    for i in ids:
+        lakelib.check_id(i, "trial_id")
+    assert sw.SweepSpec(sweep_id="x", tasks=["t"], agents=["a"]).models == [None]
+    with pytest.raises(ValueError):
+        sw.SweepSpec(sweep_id="bad id", tasks=["t"], agents=["a"])
+
+
+def test_pending_after_partial_write(tmp_path, count_runs):
+    spec = spec_for(tmp_path, "s-partial")
+    assert [t.trial_id for t in sw.pending(spec)] == ["timetrack.oracle.none.0", "timetrack.nop.none.0"]
+    assert sw.run_trial(sw.plan(spec)[0], spec) == "completed"
+    assert [t.trial_id for t in sw.pending(spec)] == ["timetrack.nop.none.0"]
+
+
+def test_sweep_writes_and_rerun_skips(tmp_path, count_runs):
+    spec = spec_for(tmp_path, "s-two")
+    outcomes = sw.run_sweep_plain(spec)
+    assert outcomes == {"timetrack.oracle.none.0": "completed", "timetrack.nop.none.0": "completed"}
+    assert sorted(count_runs) == ["nop", "oracle"]
+    rows = trial_rows(spec.lake_uri, spec.sweep_id)
+    assert [r["trial_id"] for r in rows] == ["timetrack.nop.none.0", "timetrack.oracle.none.0"]
+    assert lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM sweeps WHERE sweep_id = 's-two'").to_pylist()[0]["n"] == 1
+    # same sweep id again: nothing runs
+    assert sw.run_sweep_plain(spec) == {}
+    assert len(count_runs) == 2
+    agg = sw.aggregate(spec)
+    assert "| oracle / - | 100.0 |" in agg["markdown"] and Path(agg["html"]).is_file()
+
+
+def test_env_failure_is_retried(tmp_path, monkeypatch, count_runs):
+    spec = spec_for(tmp_path, "s-env", agents=["oracle"])
+    real_start = environment.LocalEnvironment.start
+    failures = []
+
+    def flaky_start(self):
+        if not failures:
+            failures.append(1)
+            raise environment.EnvError("database would not start")
+        return real_start(self)
+
+    monkeypatch.setattr(environment.LocalEnvironment, "start", flaky_start)
+    sleeps: list[float] = []
+    assert sw.run_sweep_plain(spec, sleep=sleeps.append) == {"timetrack.oracle.none.0": "completed"}
+    assert failures == [1] and len(count_runs) == 2 and sleeps == [0]
+    # run_trial itself raises the classified, retryable error
+    failures.clear()
+    with pytest.raises(EnvError) as info:
+        sw.run_trial(sw.plan(spec)[0], spec)
+    assert info.value.retryable and isinstance(info.value.__cause__, environment.EnvError)
+
+
+def test_env_failure_exhausted_is_recorded(tmp_path, monkeypatch):
+    spec = spec_for(tmp_path, "s-envx", agents=["nop"], retries=1)
+
+    def broken(self):
+        raise environment.EnvError("no disk")
+
+    monkeypatch.setattr(environment.LocalEnvironment, "start", broken)
+    assert sw.run_sweep_plain(spec, sleep=lambda s: None) == {"timetrack.nop.none.0": "env_error"}
+    rows = trial_rows(spec.lake_uri, spec.sweep_id)
+    assert rows == [{"trial_id": "timetrack.nop.none.0", "outcome": "env_error", "attempt": 0}]
+
+
+def test_agent_error_not_retried(tmp_path, monkeypatch):
+    spec = spec_for(tmp_path, "s-agent", agents=["oracle"])
+    calls = []
+
+    def crash(task, agent, **kw):
+        calls.append(agent)
+        raise AgentError("agent crashed")
+
+    monkeypatch.setattr(sw, "run_local_trial", crash)
+    assert sw.run_sweep_plain(spec, sleep=lambda s: pytest.fail("no retry expected")) == {
+        "timetrack.oracle.none.0": "agent_error"}
+    assert calls == ["oracle"]
+    assert trial_rows(spec.lake_uri, spec.sweep_id)[0]["outcome"] == "agent_error"
+
+
+def test_task_defect_not_retried(tmp_path):
+    spec = spec_for(tmp_path, "s-defect", tasks=["no-such-task"], agents=["oracle"])
+    assert sw.run_sweep_plain(spec, sleep=lambda s: pytest.fail("no retry expected")) == {
+        "no-such-task.oracle.none.0": "task_defect"}
+
+
+def test_sigkill_resume(tmp_path):
+    spec = spec_for(tmp_path, "s-kill")
+    script = textwrap.dedent(f"""
+        from saasbench import sweep
+        sweep.run_sweep_plain(sweep.SweepSpec.model_validate({spec.model_dump()!r}), 1)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(REPO), start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = lakelib.lake_from_uri(spec.lake_uri)
+    deadline = time.monotonic() + 120
+    try:
+        while not lakelib.committed_trials(store, spec.sweep_id):
+            assert proc.poll() is None, "sweep subprocess ended before committing a trial"
+            assert time.monotonic() < deadline, "no trial committed within 120 s"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    done_before = lakelib.committed_trials(store, spec.sweep_id)
+    assert done_before == {"timetrack.oracle.none.0"}
+
+    rerun = sw.run_sweep_plain(spec)
+    assert set(rerun) == {"timetrack.nop.none.0"}
+    planned = {t.trial_id for t in sw.plan(spec)}
+    assert lakelib.committed_trials(store, spec.sweep_id) == planned
+    from saasbench.dag import load_dag
+    from saasbench.tasks import load_task
+
+    nodes = len(load_dag(load_task("timetrack").dag_path).dag.nodes)
+    counts = lakelib.query(store, "SELECT (SELECT count(*) FROM trials WHERE sweep_id = ?) AS trials, "
+                                  "(SELECT count(*) FROM node_results WHERE sweep_id = ?) AS nodes, "
+                                  "(SELECT count(DISTINCT (trial_id, node_id)) FROM node_results WHERE sweep_id = ?) AS uniq",
+                           [spec.sweep_id] * 3).to_pylist()[0]
+    assert counts == {"trials": 2, "nodes": nodes * 2, "uniq": nodes * 2}
+
+
+def test_sweep_cmd_no_prefect(tmp_path, count_runs):
+    import typer
+    from typer.testing import CliRunner
+
+    from saasbench.cli_flows import sweep_cmd
+
+    app = typer.Typer()
+    app.command("sweep")(sweep_cmd)
+    app.command("noop")(lambda: None)  # two commands: typer keeps the sub-command name
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"sweep_id: cli-s\ntasks: [timetrack]\nagents: [nop]\nreport_dir: {tmp_path / 'rep'}\n")
+    args = ["sweep", str(spec), "--lake", str(tmp_path / "lake"), "--no-prefect"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "ran 1 trial(s) now" in res.output and "| nop / - |" in res.output
+    res = CliRunner().invoke(app, args + ["--agent", "oracle"])  # --agent replaces the YAML's agents
+    assert res.exit_code == 0, res.output
+    assert "ran 1 trial(s) now (0 already committed)" in res.output and count_runs == ["nop", "oracle"]
+    res = CliRunner().invoke(app, ["sweep", "--task", "timetrack", "--agent", "nop", "--sweep-id", "bad id", "--no-prefect"])
+    assert res.exit_code == 2 and "invalid sweep spec" in res.output
