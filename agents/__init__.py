@@ -25,3 +25,6 @@ __all__ = ["Agent", "AgentNotFound", "Budget", "Trajectory", "TrajectoryEvent", 
 
 # Registers the ``builtin`` agent (imported after ``base``; litellm itself is imported lazily on the first model call).
 from saasbench.agents import builtin as _builtin  # noqa: F401
+
+# Registers the CLI adapters ``claude-code``, ``codex`` and ``openhands`` (imported after ``base``).
+from saasbench.agents import claude_code as _claude_code, codex as _codex, openhands as _openhands  # noqa: F401,E402

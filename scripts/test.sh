@@ -70,8 +70,41 @@ ensure_venv() {
     fi
 }
 
+# The real agent CLIs, run by the adapter tests against local fake model servers. Installed
+# from the npm registry and PyPI into a cache outside the repository, once per machine.
+AGENT_CLI_DIR="${SAASBENCH_AGENT_CLI_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/saasbench/agent-clis}"
+install_agent_clis() {
+    mkdir -p "$AGENT_CLI_DIR"
+    if [ ! -x "$AGENT_CLI_DIR/claude/bin/claude" ]; then
+        echo "installing Claude Code CLI into $AGENT_CLI_DIR/claude"
+        npm install -g --silent --prefix "$AGENT_CLI_DIR/claude" @anthropic-ai/claude-code@2.1.197 >/dev/null
+    fi
+    if [ ! -x "$AGENT_CLI_DIR/codex/bin/codex" ]; then
+        echo "installing Codex CLI into $AGENT_CLI_DIR/codex"
+        npm install -g --silent --prefix "$AGENT_CLI_DIR/codex" @openai/codex@0.171.0 >/dev/null
+    fi
+    if [ ! -x "$AGENT_CLI_DIR/openhands/bin/openhands" ]; then
+        local py312=""
+        for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
+            if "$candidate" -V >/dev/null 2>&1; then py312="$candidate"; break; fi
+        done
+        if [ -z "$py312" ]; then
+            echo "error: python3.12 is needed for the OpenHands CLI (openhands 1.16 requires Python >= 3.12)" >&2
+            exit 2
+        fi
+        echo "installing OpenHands CLI into $AGENT_CLI_DIR/openhands"
+        rm -rf "$AGENT_CLI_DIR/openhands"
+        "$py312" -m venv "$AGENT_CLI_DIR/openhands"
+        "$AGENT_CLI_DIR/openhands/bin/pip" install -q --disable-pip-version-check openhands==1.16.0
+    fi
+    export SAASBENCH_CLAUDE_BIN="$AGENT_CLI_DIR/claude/bin/claude"
+    export SAASBENCH_CODEX_BIN="$AGENT_CLI_DIR/codex/bin/codex"
+    export SAASBENCH_OPENHANDS_BIN="$AGENT_CLI_DIR/openhands/bin/openhands"
+}
+
 install_system_deps
 ensure_venv
+install_agent_clis
 
 PREFECT_HOME="$(mktemp -d "${TMPDIR:-/tmp}/saasbench-prefect.XXXXXX")"
 export PREFECT_HOME
