@@ -7,7 +7,10 @@ DuckDB and turned back into :class:`~saasbench.results.NodeResult` objects, then
 SKIPPED_DEPENDENCY keeps its maxScore) is scoring.py's; the breakdowns use
 :func:`group_aggregate`, a one-pass equivalent of ``scoring.aggregate`` (same exclusion set, sums
 and rounding) that the tests check equals it field by field, because the per-group calls dominate
-the run time on a full sweep. No aggregation happens in SQL.
+the run time on a full sweep. That path (:func:`sweep_report_reference`, :func:`compute`) is the
+reference; :func:`sweep_report` computes the same numbers without NodeResult objects: DuckDB applies
+the rules and orders the node rows, the numerator/denominator sums are grouped sums in the reference
+order (see "fast path" below), and tests check both give the same SweepReport.
 
 Definitions (per (agent, model) "configuration"; ``scope`` is ``all`` or ``valid``):
 
@@ -503,11 +506,311 @@ def _close(a: float | None, b: float | None) -> bool:
 
 
 def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: float = DEFAULT_PASS_THRESHOLD) -> SweepReport:
-    """Aggregate one or more sweeps. ``con_or_lake``: a DuckDB connection with lake views, or a lake URI."""
+    """Aggregate one or more sweeps. ``con_or_lake``: a DuckDB connection with lake views, or a lake URI.
+
+    The node-level sums run in DuckDB (:func:`_sql_report`); the result equals
+    :func:`sweep_report_reference` (node rows scored in Python by :func:`compute`), which it falls
+    back to for rows only the reference handles (duplicate trial rows, unknown node statuses)."""
+    sweeps = [sweeps] if isinstance(sweeps, str) else list(sweeps)
+    if not sweeps:
+        raise ValueError("no sweep given")
+    con = connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
+    report = _sql_report(con, sweeps, pass_threshold)
+    if report is not None:
+        return report
+    trials, nodes, traj = load_rows(con, sweeps)
+    return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
+
+
+def sweep_report_reference(con_or_lake, sweeps: str | Sequence[str], *,
+                           pass_threshold: float = DEFAULT_PASS_THRESHOLD) -> SweepReport:
+    """The reference path: node rows loaded into Python and scored with saasbench.scoring (slow)."""
     sweeps = [sweeps] if isinstance(sweeps, str) else list(sweeps)
     con = connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
     trials, nodes, traj = load_rows(con, sweeps)
     return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
+
+
+# --- fast path: DuckDB prepares the rows, Arrow sums them in the reference order ---------------
+# ``sweep_report`` does not build NodeResult objects. DuckDB reads the node rows of the sweeps,
+# joins them to their trials, applies the voided_cheat and exclusion rules (SKIPPED_LLM,
+# QUARANTINED and DRY_RUN add 0 to numerator and denominator; SKIPPED_DEPENDENCY keeps its
+# maxScore; deterministic = method != 'llm-judge'; PASSED / not QUARANTINED or DRY_RUN for
+# coverage), maps categories to backbones and orders the rows as the reference path reads them
+# (trial order, then node_index, node_id). The numerator / denominator sums per trial, per
+# (trial, group) and per (scope, config, group) are then grouped sums over that ordered Arrow table;
+# only the per-trial / per-task averaging and the rounding run in Python, with the reference
+# path's helpers (_macro, _pass_at_k, scoring.benchmark_score).
+#
+# Why Arrow and not DuckDB's SUM for the float sums: the reference adds left to right (Python's
+# ``sum``), and a last-bit difference can flip a ``round(x, 2)`` (100 * (0.1 + 0.2) / 240 rounds to
+# 0.13, 100 * 0.3 / 240 to 0.12). DuckDB's ``sum(DOUBLE)`` is compensated (0.1 added ten times
+# gives 1.0, Python gives 0.9999999999999999), so it differs; DuckDB's ordered
+# ``sum(x ORDER BY ...)`` is sequential but took 0.27 s per sum over 1M rows (the report needs about ten).
+# Arrow's single-threaded hash ``sum`` adds each group's values in input order, exactly like
+# Python. Excluded rows add 0.0 (x + 0.0 == x). Counts are integer sums (exact in any order).
+_ST = ("PASSED", "FAILED", "ERROR", "SKIPPED_DEPENDENCY", "SKIPPED_LLM", "DRY_RUN", "QUARANTINED")
+_EXCL_SQL = "('" + "', '".join(sorted(_EXCLUDED_STATUSES)) + "')"
+_T, _N, _BB, _C = ("_saasbench_agg_trials", "_saasbench_agg_nodes", "_saasbench_agg_backbones",
+                   "_saasbench_agg_configs")
+_SUMS = ("ks", "km", "skm") + tuple(f"c_{s}" for s in _ST)
+
+
+def _pct(s: float, m: float) -> float | None:
+    return round(100 * s / m, 2) if m > 0 else None
+
+
+_EMPTY_SUMS: dict[str, Any] = {"nodes": 0, "ks": 0, "km": 0, "skm": 0, **{f"c_{k}": 0 for k in _ST}}
+
+
+def _agg_from(r: dict[str, Any]) -> Aggregate:
+    """``group_aggregate`` of a group from its sums (same sums, same rounding)."""
+    s, m = r["ks"], r["km"]
+    return Aggregate(score=round(s, 4), max_score=round(m, 4), percent=_pct(s, m), nodes=r["nodes"],
+                     counts=Counts(**{k: r[f"c_{k}"] for k in _ST}), skipped_llm_max_score=r["skm"])
+
+
+def _grouped(tbl, keys: list[str], cols: Sequence[str]) -> dict[tuple, dict[str, Any]]:
+    """{key tuple: {col: sum, 'nodes': rows}}; sums in input order per group (use_threads=False)."""
+    if tbl.num_rows == 0:
+        return {}
+    res = tbl.group_by(keys, use_threads=False).aggregate([(c, "sum") for c in cols] + [(keys[0], "count")])
+    kcols = [res.column(k).to_pylist() for k in keys]
+    vals = {c: res.column(f"{c}_sum").to_pylist() for c in cols}
+    counts = res.column(f"{keys[0]}_count").to_pylist()
+    out = {}
+    for i, key in enumerate(zip(*kcols)):
+        out[key] = {"nodes": counts[i], **{c: vals[c][i] for c in cols}}
+    return out
+
+
+@dataclass
+class _LightTrial:
+    """A trial row and its TrialScore (all _macro / _pass_at_k read), without node objects."""
+    row: dict[str, Any]
+    score: TrialScore
+    cfg: int = 0
+
+
+def _sql_report(con, sweeps: Sequence[str], pass_threshold: float) -> SweepReport | None:
+    """The sweep report without NodeResult objects, or None when the rows need the reference path
+    (duplicate trial rows, node statuses Status() rejects, views without the lake columns)."""
+    # Each query over the lake views binds every file (read_parquet union_by_name), so the views
+    # are read once each: the columns come from the temporary tables, not from DESCRIBE.
+    marks = ", ".join("?" for _ in sweeps)
+    want_t = ", ".join(f"'{c}'" for c in (*TRIAL_COLUMNS, "trajectory"))
+    want_n = ", ".join(f"'{c}'" for c in NODE_COLUMNS)
+    try:
+        con.execute(
+            f"CREATE OR REPLACE TEMPORARY TABLE {_T} AS SELECT COLUMNS(c -> c IN ({want_t})), "
+            "row_number() OVER (ORDER BY sweep_id, task_id, agent, model, attempt, trial_id) - 1 AS tord "
+            f"FROM trials WHERE sweep_id IN ({marks})", list(sweeps))
+        have_t = _columns(con, _T)
+        if not set(TRIAL_COLUMNS) <= have_t:
+            return None
+        traj = "trajectory" in have_t
+        if con.execute(f"SELECT count(*) - count(DISTINCT (sweep_id, trial_id)) FROM {_T}").fetchone()[0]:
+            return None  # the reference keeps the last row of a duplicated trial: let it
+        con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {_N}_raw AS SELECT COLUMNS(c -> c IN ({want_n})) "
+                    f"FROM node_results WHERE sweep_id IN ({marks})", list(sweeps))
+        if not set(NODE_COLUMNS) <= _columns(con, f"{_N}_raw"):
+            return None
+        voided = f"coalesce(t.outcome = 'voided_cheat', false) AND st0 NOT IN {_EXCL_SQL}"
+        con.execute(
+            f"CREATE OR REPLACE TEMPORARY TABLE {_N} AS "
+            "WITH s AS (SELECT sweep_id, trial_id, node_id, node_index, category, method, complexity_tier, "
+            f"score, max_score, message, coalesce(nullif(status, ''), 'ERROR') AS st0 FROM {_N}_raw) "
+            "SELECT t.tord, s.node_index, s.node_id, coalesce(s.category, '') AS cat, s.complexity_tier AS tier, "
+            "coalesce(s.method, '') = 'llm-judge' AS llm, s.message, st0, "
+            f"CASE WHEN {voided} THEN 'FAILED' ELSE st0 END AS st, "
+            f"CASE WHEN {voided} THEN 0.0 ELSE coalesce(s.score, 0.0) END AS sc, "
+            f"coalesce(s.max_score, 0.0) AS mx, st0 IN {_EXCL_SQL} AS excl "
+            f"FROM s LEFT JOIN {_T} t ON t.sweep_id = s.sweep_id AND t.trial_id = s.trial_id")
+        con.execute(f"DROP TABLE {_N}_raw")
+        known = ", ".join(f"'{s}'" for s in _ST)
+        orphans, bad = con.execute(f"SELECT count_if(tord IS NULL), count_if(st0 NOT IN ({known})) FROM {_N}").fetchone()
+        if bad:
+            return None  # Status(...) raises on it in the reference path: let it
+        return _sql_compute(con, sweeps, pass_threshold, traj, orphans)
+    finally:
+        for name in (_T, _N, f"{_N}_raw", _BB, _C):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def _sql_compute(con, sweeps: Sequence[str], pass_threshold: float, traj: bool, orphans: int) -> SweepReport:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from saasbench.lake.query import _arrow
+
+    trial_rows = _fetch(con, f"SELECT * FROM {_T} ORDER BY tord", [])
+    cfg_index: dict[tuple[str | None, str | None], int] = {}
+    cfgs = [cfg_index.setdefault((r.get("agent"), r.get("model")), len(cfg_index)) for r in trial_rows]
+    valid = [(r.get("outcome") or "completed") not in INFRA_OUTCOMES for r in trial_rows]
+    con.register(f"{_C}_arrow", pa.table({
+        "tord": pa.array([r["tord"] for r in trial_rows], pa.int64()),
+        "cfg": pa.array(cfgs, pa.int32()),
+        "is_valid": pa.array(valid, pa.bool_()),
+        "domain": pa.array([r.get("domain") or None for r in trial_rows], pa.string()),
+        "traj": pa.array([(r.get("trajectory") or None) if traj else None for r in trial_rows], pa.string()),
+    }))
+    con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {_C} AS SELECT * FROM {_C}_arrow")
+    con.unregister(f"{_C}_arrow")
+    cats = [c for (c,) in con.execute(f"SELECT DISTINCT cat FROM {_N} WHERE tord IS NOT NULL").fetchall()]
+    con.register(f"{_BB}_arrow", pa.table({"cat": pa.array(cats, pa.string()),
+                                           "backbone": pa.array([backbone_for(c) for c in cats], pa.string())}))
+    con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {_BB} AS SELECT * FROM {_BB}_arrow WHERE backbone IS NOT NULL")
+    con.unregister(f"{_BB}_arrow")
+
+    # every node row of a trial, in the reference order, with the addends of every sum
+    counts = ", ".join(f"(st = '{s}')::INTEGER AS c_{s}" for s in _ST)
+    nodes = _arrow(con.execute(
+        "SELECT n.tord, c.cfg, c.is_valid, c.domain, c.traj, n.cat, n.tier, b.backbone, "
+        "CASE WHEN excl THEN 0.0 ELSE sc END AS ks, CASE WHEN excl THEN 0.0 ELSE mx END AS km, "
+        "CASE WHEN excl OR llm THEN 0.0 ELSE sc END AS dks, CASE WHEN excl OR llm THEN 0.0 ELSE mx END AS dkm, "
+        f"CASE WHEN st = 'SKIPPED_LLM' THEN mx ELSE 0.0 END AS skm, {counts} "
+        f"FROM {_N} n JOIN {_C} c USING (tord) LEFT JOIN {_BB} b USING (cat) "
+        "ORDER BY n.tord, n.node_index, n.node_id"))
+
+    per_trial = _grouped(nodes, ["tord"], _SUMS + ("dks", "dkm"))
+    trials: list[_LightTrial] = []
+    mismatches: list[ScoreMismatch] = []
+    for r, cfg in zip(trial_rows, cfgs):
+        a = per_trial.get((r["tord"],), _EMPTY_SUMS)
+        ts = _pct(a["ks"], a["km"])
+        ds = _pct(a.get("dks", 0), a.get("dkm", 0))
+        pool = a["nodes"] - a["c_QUARANTINED"] - a["c_DRY_RUN"]
+        outcome = r.get("outcome") or "completed"
+        score = TrialScore(
+            sweep_id=r["sweep_id"], trial_id=r["trial_id"], task_id=r["task_id"], agent=r.get("agent"),
+            model=r.get("model"), attempt=int(r.get("attempt") or 0), domain=r.get("domain"), outcome=outcome,
+            valid=outcome not in INFRA_OUTCOMES, trajectory=r.get("trajectory") if traj else None,
+            task_score=ts, deterministic_score=ds,
+            effective_score=ts if ts is not None else 0.0,
+            effective_deterministic=ds if ds is not None else 0.0,
+            node_coverage=round(100 * a["c_PASSED"] / pool, 2) if pool else None, nodes=a["nodes"],
+            skipped_llm_max_score=a["skm"], counts=Counts(**{k: a[f"c_{k}"] for k in _ST}),
+            lake_task_score=r.get("task_score"),
+        )
+        trials.append(_LightTrial(r, score, cfg))
+        if a["nodes"] and r.get("outcome") != "voided_cheat" and not _close(score.lake_task_score, ts):
+            mismatches.append(ScoreMismatch(trial_id=r["trial_id"], stored=score.lake_task_score, recomputed=ts))
+
+    # node groups: (column, kind); domain and trajectory are trial attributes
+    kinds = [("cat", "categories"), ("tier", "complexity_tiers"), ("backbone", "backbones"), ("domain", "domains")]
+    if traj:
+        kinds.append(("traj", "trajectories"))
+    # 'valid' pools other node rows than 'all' only in configs where an infra trial has node rows
+    split = sorted({t.cfg for t in trials if not t.score.valid and t.score.nodes})
+    scopes = [("all", nodes)]
+    if split:
+        scopes.append(("valid", nodes.filter(pc.and_(nodes.column("is_valid"),
+                                                     pc.is_in(nodes.column("cfg"), pa.array(split, pa.int32()))))))
+    pooled: dict[tuple[str, int, str, Any], dict[str, Any]] = {}
+    for scope, tbl in scopes:
+        for (cfg,), v in _grouped(tbl, ["cfg"], _SUMS).items():
+            pooled[(scope, cfg, "total", "")] = v
+        for col, kind in kinds:
+            sel = tbl.filter(pc.is_valid(tbl.column(col)))
+            for (cfg, key), v in _grouped(sel, ["cfg", col], _SUMS).items():
+                pooled[(scope, cfg, kind, key)] = v
+    for (scope, cfg, kind, key), v in list(pooled.items()):
+        if scope == "all" and cfg not in split:
+            pooled[("valid", cfg, kind, key)] = v
+
+    # per (trial, group): the trial's group percent, appended in trial order (macro breakdowns)
+    macro: dict[tuple[str, int, str, Any], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for col, kind in kinds[:3]:
+        sel = nodes.filter(pc.is_valid(nodes.column(col)))
+        for (tord, key), v in sorted(_grouped(sel, ["tord", col], ("ks", "km")).items(), key=lambda kv: kv[0][0]):
+            pct = _pct(v["ks"], v["km"])
+            if pct is None:
+                continue
+            t = trials[tord]
+            macro[("all", t.cfg, kind, key)][t.row["task_id"]].append(pct)
+            if t.score.valid:
+                macro[("valid", t.cfg, kind, key)][t.row["task_id"]].append(pct)
+
+    by_kind: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
+    for (scope, cfg, kind, key) in pooled:
+        by_kind[(scope, cfg, kind)].append(key)
+
+    def groups(scope: str, cfg: int, kind: str) -> dict[str, GroupScore]:
+        out = {}
+        for key in by_kind.get((scope, cfg, kind), []):
+            by_task = macro.get((scope, cfg, kind, key), {})
+            out[key] = GroupScore(score=scoring.benchmark_score(sum(v) / len(v) for v in by_task.values()),
+                                  pooled=_agg_from(pooled[(scope, cfg, kind, key)]), tasks=len(by_task))
+        return out
+
+    def by_attr(sel: list[_LightTrial], scope: str, cfg: int, attr: str, kind: str,
+                order: Sequence[str] = ()) -> dict[str, GroupScore]:
+        present = {t.row.get(attr) for t in sel if t.row.get(attr)}
+        out = {}
+        for k in [k for k in order if k in present] + sorted(present - set(order)):
+            score, ntasks, _ = _macro([t for t in sel if t.row.get(attr) == k],  # type: ignore[arg-type]
+                                      lambda t: t.score.effective_score)
+            out[k] = GroupScore(score=score, pooled=_agg_from(pooled.get((scope, cfg, kind, k), _EMPTY_SUMS)),
+                                tasks=ntasks)
+        return out
+
+    def summary(sel: list[_LightTrial], scope: Scope, cfg: int) -> ScopeSummary:
+        p1, ntasks, task_means = _macro(sel, lambda t: t.score.effective_score)  # type: ignore[arg-type]
+        det, _, _ = _macro(sel, lambda t: t.score.effective_deterministic)  # type: ignore[arg-type]
+        total = pooled.get((scope, cfg, "total", ""), _EMPTY_SUMS)
+        pool = total["nodes"] - total["c_QUARANTINED"] - total["c_DRY_RUN"]
+        bb = groups(scope, cfg, "backbones")
+        return ScopeSummary(
+            scope=scope, trials=len(sel), tasks=ntasks, pass_at_1=p1, deterministic=det,
+            node_coverage=round(100 * total["c_PASSED"] / pool, 2) if pool else None,
+            skipped_llm_max_score=round(total["skm"], 4),
+            status_counts=Counts(**{k: total[f"c_{k}"] for k in _ST}),
+            domains=by_attr(sel, scope, cfg, "domain", "domains", DOMAINS),
+            backbones={b: bb[b] for b in BACKBONES if b in bb},
+            categories=dict(sorted(groups(scope, cfg, "categories").items())),
+            complexity_tiers=dict(sorted(groups(scope, cfg, "complexity_tiers").items())),
+            trajectories=by_attr(sel, scope, cfg, "trajectory", "trajectories") if traj else {},
+            pass_at_k=_pass_at_k(sel, pass_threshold),  # type: ignore[arg-type]
+            task_scores={k: round(v, 4) for k, v in sorted(task_means.items())},
+        )
+
+    by_cfg: dict[int, list[_LightTrial]] = defaultdict(list)
+    for t in trials:
+        by_cfg[t.cfg].append(t)
+    reports = []
+    for (agent, model), cfg in sorted(cfg_index.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
+        ts = by_cfg[cfg]
+        vs = [t for t in ts if t.score.valid]
+        reports.append(ConfigReport(
+            agent=agent, model=model,
+            outcome_counts=dict(sorted(Counter(t.score.outcome for t in ts).items())),
+            valid_trials=len(vs), infra_trials=len(ts) - len(vs),
+            all=summary(ts, "all", cfg), valid=summary(vs, "valid", cfg),
+        ))
+
+    unknown_nodes = nodes.num_rows - pc.count(nodes.column("backbone")).as_py()
+    issues = []
+    for tord, node_id, cat, st, message in con.execute(
+            f"SELECT tord, node_id, cat, st, message FROM {_N} WHERE tord IS NOT NULL AND st <> 'PASSED' "
+            f"ORDER BY tord, node_index, node_id LIMIT {MAX_ISSUES}").fetchall():
+        r = trials[tord].row
+        issues.append(NodeIssue(trial_id=r["trial_id"], agent=r.get("agent"), model=r.get("model"),
+                                task_id=r["task_id"], node_id=str(node_id), category=cat, status=st,
+                                message=(message or "")[:MESSAGE_CHARS]))
+    present = {t.row.get("domain") for t in trials if t.row.get("domain")}
+    return SweepReport(
+        node_issues=issues,
+        orphan_node_rows=orphans,
+        sweeps=list(sweeps) or sorted({t.row["sweep_id"] for t in trials}),
+        pass_threshold=pass_threshold,
+        configs=reports,
+        trials=[t.score for t in trials],
+        domains=[d for d in DOMAINS if d in present] + sorted(present - set(DOMAINS)),
+        unknown_categories=unknown_categories(cats),
+        unknown_category_nodes=unknown_nodes,
+        trajectory_available=traj,
+        score_mismatches=mismatches,
+    )
 
 
 # --- paired comparison of two sweeps ----------------------------------------------------------

@@ -351,3 +351,119 @@ def test_group_aggregate_equals_scoring_aggregate() -> None:
                                     status=st, score=sc, max_score=mx))
         assert aggregate.group_aggregate(nodes) == scoring.aggregate(nodes)
         assert aggregate.group_percent(nodes) == scoring.aggregate(nodes).percent
+
+
+# --- the SQL path equals the Python reference path ----------------------------------------------
+def _assert_same(a, b, path="report") -> None:
+    """Equal structure, key order and values; floats to 1e-9."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b) if isinstance(b, list) else b}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-9, f"{path}: {a} != {b}"
+    else:
+        assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, f"{path}: {a!r} ({type(a)}) != {b!r} ({type(b)})"
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("sweeps", [["sw1"], ["sw2"], ["sw1", "sw2"], ["sw2", "sw1"]])
+@pytest.mark.parametrize("threshold", [100.0, 50.0])
+def test_sql_path_equals_reference_on_golden(lake, sweeps, threshold) -> None:
+    fast = aggregate.sweep_report(lake, sweeps, pass_threshold=threshold)
+    ref = aggregate.sweep_report_reference(lake, sweeps, pass_threshold=threshold)
+    _assert_same(fast.model_dump(), ref.model_dump())
+
+
+def _random_rows(seed: int, n_trials: int):
+    import random
+
+    rng = random.Random(seed)
+    statuses = ["PASSED"] * 5 + ["FAILED"] * 3 + ["ERROR", "SKIPPED_DEPENDENCY", "SKIPPED_LLM", "DRY_RUN", "QUARANTINED"]
+    cats = ["Deployment", "DataModel", "RBAC", "API_CRUD", "ArchitectureQuality", "XMPPSignaling", "Workflow", None, ""]
+    outcomes = ["completed"] * 6 + ["agent_timeout", "voided_cheat", "env_error", "judge_error", "task_defect", None]
+    configs = [("oh", "m1"), ("cc", "m2"), ("oh", None), (None, None)]
+    trials, nodes = [], []
+    for i in range(n_trials):
+        sweep = rng.choice(["s1", "s2"])
+        task = f"task{rng.randrange(12)}"
+        agent, model = rng.choice(configs)
+        outcome = rng.choice(outcomes)
+        trials.append({"sweep_id": sweep, "trial_id": f"t{i}", "task_id": task, "agent": agent, "model": model,
+                       "attempt": rng.randrange(3), "domain": rng.choice(["CF", "SI", "DW", "XX", None, ""]),
+                       "outcome": outcome, "task_score": rng.choice([None, 50.0]),
+                       "deterministic_score": None, "trajectory": rng.choice(["short", "long", None])})
+        if outcome == "env_error" and rng.random() < 0.7:
+            continue  # mostly no node rows
+        for j in range(rng.randrange(0, 15)):
+            mx = rng.choice([0.0, 0.1, 0.3, 0.5, 1.0, 2.0, 3.3, 5.0, 10.0, 240.0, None])
+            st = rng.choice(statuses + [None])
+            sc = round(rng.uniform(0, mx), 1) if st == "PASSED" and mx else rng.choice([0.0, None])
+            nodes.append({"sweep_id": sweep, "trial_id": f"t{i}", "task_id": task, "agent": agent, "model": model,
+                          "attempt": 0, "node_id": f"n{rng.randrange(20)}.{j}", "node_index": rng.choice([j, 20 - j, None]),
+                          "category": rng.choice(cats), "subcategory": "", "method": rng.choice(
+                              ["binary", "weighted", "llm-judge", None]),
+                          "complexity_tier": rng.choice(["linear_crud", "workflow_automator", "", None]),
+                          "status": st, "score": sc, "max_score": mx, "message": rng.choice(["", None, "x" * 3000, "m"])})
+    for k in range(3):  # orphans: node rows of no trial
+        nodes.append({**nodes[k], "trial_id": f"orphan{k}"})
+    return trials, nodes
+
+
+def _con_from_rows(trials, nodes):
+    import duckdb
+    import pyarrow as pa
+
+    from saasbench.lake import schema as S
+
+    con = duckdb.connect()
+    tsch = pa.schema([f for f in S.TRIALS if f.name in aggregate.TRIAL_COLUMNS] + [pa.field("trajectory", pa.string())])
+    nsch = pa.schema([f for f in S.NODE_RESULTS if f.name in aggregate.NODE_COLUMNS])
+    con.register("t_arrow", pa.Table.from_pylist(trials, schema=tsch))
+    con.register("n_arrow", pa.Table.from_pylist(nodes, schema=nsch))
+    con.execute("CREATE VIEW trials AS SELECT * FROM t_arrow")
+    con.execute("CREATE VIEW node_results AS SELECT * FROM n_arrow")
+    return con
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sql_path_equals_reference_on_random_trials(seed) -> None:
+    trials, nodes = _random_rows(seed, 300)
+    con = _con_from_rows(trials, nodes)
+    for sweeps in (["s1"], ["s1", "s2"]):
+        for threshold in (100.0, 40.0):
+            fast = aggregate._sql_report(con, sweeps, threshold)
+            assert fast is not None
+            ref = aggregate.sweep_report_reference(con, sweeps, pass_threshold=threshold)
+            _assert_same(fast.model_dump(), ref.model_dump())
+            assert aggregate.sweep_report(con, sweeps, pass_threshold=threshold) == fast
+    assert ref.trajectory_available and ref.orphan_node_rows == 3 and ref.score_mismatches
+
+
+def test_sql_path_sums_in_reference_order() -> None:
+    """0.1 + 0.2 over 240 rounds to 0.13; a compensated or reordered sum (0.3 / 240 = 0.125) gives 0.12."""
+    trials = [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "agent": "a", "model": "m", "attempt": 0,
+               "domain": "CF", "outcome": "completed", "task_score": None, "deterministic_score": None,
+               "trajectory": None}]
+    nodes = [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "node_id": f"n{i}", "node_index": i,
+              "category": "RBAC", "method": "weighted", "status": "PASSED", "score": sc, "max_score": mx}
+             for i, (sc, mx) in enumerate([(0.1, 100.0), (0.2, 100.0), (0.0, 40.0)])]
+    con = _con_from_rows(trials, nodes)
+    fast = aggregate._sql_report(con, ["s"], 100.0)
+    assert fast.trials[0].task_score == aggregate.sweep_report_reference(con, ["s"]).trials[0].task_score == 0.13
+
+
+def test_sql_path_falls_back_for_rows_only_the_reference_handles() -> None:
+    trials, nodes = _random_rows(5, 20)
+    con = _con_from_rows(trials + [dict(trials[0])], nodes)  # a duplicated trial row
+    assert aggregate._sql_report(con, ["s1", "s2"], 100.0) is None
+    _assert_same(aggregate.sweep_report(con, ["s1", "s2"]).model_dump(),
+                 aggregate.sweep_report_reference(con, ["s1", "s2"]).model_dump())
+    con = _con_from_rows(trials, nodes + [{**nodes[0], "status": "BOGUS"}])
+    assert aggregate._sql_report(con, ["s1", "s2"], 100.0) is None
+    with pytest.raises(ValueError):
+        aggregate.sweep_report(con, ["s1", "s2"])

@@ -1,0 +1,294 @@
+"""Results-lake benchmark: write N synthetic ``node_results`` rows, then time ``saasbench report``.
+
+Usage::
+
+    .venv/bin/python bench/lake_bench.py [--rows 1000000] [--s3] [--json out.json]
+
+Data: synthetic but shaped like real sweeps. A pool of tasks, each with a fixed DAG of 80-120
+nodes (categories across the six backbones plus one unknown category, ~10% llm-judge nodes,
+three complexity tiers, maxScores 1-10, domain per task). A sweep runs ``--tasks`` tasks x
+``--configs`` (agent, model) configurations x ``--attempts`` attempts; the number of sweeps is
+chosen so the total is ``--rows`` node rows (defaults: 10 x 5 x 1 trials of ~100 nodes = ~5,000
+rows per sweep, 200 sweeps for 1M rows). Outcomes: mostly completed, some agent_timeout,
+voided_cheat, env_error (no node rows), judge_error (with node rows); node statuses PASSED /
+FAILED / ERROR / SKIPPED_DEPENDENCY / SKIPPED_LLM with weighted scores floored to tenths.
+
+Writes, per store (a local folder; with ``--s3`` also a moto_server S3 endpoint on 127.0.0.1,
+started from this venv and stopped by its PID):
+
+- **per-trial** ``saasbench.lake.write_trial`` (the production path: one commit per trial) for
+  a sample of ``--per-trial-sample`` trials, extrapolated to rows/s;
+- **bulk**: every row, one commit per (sweep, task) partition holding all that partition's
+  trials (``--bulk-workers`` threads). ``write_trial`` cannot do this (it checks every row has the
+  unit's trial_id), so the bench calls the writer's commit protocol (``writer._commit``) with a
+  ``batch-<task>`` marker whose unit has no ``trial_id``: same files, partitions and marker
+  format, readable by ``connect``/``report``, but ``committed_trials`` (sweep resume) does not
+  understand such markers. It measures what a public batch writer would cost.
+
+Then times ``sweep_report(uri, ...)`` (what ``saasbench report`` calls: connect = list + read
+commit markers, build views, aggregate) over one sweep and over all sweeps, from each store;
+``--reference`` also times the Python reference path (``sweep_report_reference``) on one sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from saasbench import aggregate
+from saasbench.lake import lake_from_uri, write_sweep, write_trial
+from saasbench.lake import schema as S
+from saasbench.lake.writer import TrialRows, _commit, trial_marker_key
+from saasbench.scoring import floor_tenth
+
+CATEGORIES = ["Deployment", "Setup", "DataModel", "Cache", "API_CRUD", "GraphQL", "Webhook", "BusinessLogic_Orders",
+              "Workflow", "Payment", "Authentication", "RBAC", "AuditLog", "ArchitectureQuality", "UIConsistency",
+              "ErrorHandling", "XMPPSignaling"]
+DOMAINS = ["CG", "PC", "CF", "DCI", "SI", "DW"]
+TIERS = ["linear_crud", "workflow_automator", "systems_architect"]
+AGENTS = [("openhands", "gpt-5"), ("openhands", "claude-4"), ("claude-code", "claude-4"), ("codex", "gpt-5"),
+          ("aider", "qwen3"), ("openhands", "deepseek-v3"), ("swe-agent", "gpt-5"), ("codex", "o4")]
+OUTCOMES = [("completed", 0.88), ("agent_timeout", 0.04), ("agent_error", 0.02), ("voided_cheat", 0.005),
+            ("env_error", 0.035), ("judge_error", 0.015), ("task_defect", 0.01)]
+
+
+def make_tasks(n: int, rng: random.Random) -> list[dict]:
+    tasks = []
+    for i in range(n):
+        nodes = []
+        for j in range(rng.randint(80, 120)):
+            method = "llm-judge" if rng.random() < 0.1 else rng.choice(["binary", "weighted", "weighted"])
+            nodes.append({"node_id": f"N{j:03d}", "node_index": j, "category": rng.choice(CATEGORIES),
+                          "subcategory": "", "method": method, "complexity_tier": rng.choice(TIERS),
+                          "max_score": float(rng.choice([1, 2, 3, 5, 5, 10]))})
+        tasks.append({"task_id": f"task-{i:03d}", "domain": DOMAINS[i % len(DOMAINS)], "nodes": nodes})
+    return tasks
+
+
+def make_sweep(sweep_id: str, tasks: list[dict], configs: list[tuple[str, str]], attempts: int,
+               rng: random.Random) -> dict[str, tuple[list[dict], dict[str, list]]]:
+    """{task_id: (trial rows, node_results columns)} for one sweep."""
+    out = {}
+    ocs, ows = zip(*OUTCOMES)
+    for task in tasks:
+        trials: list[dict] = []
+        cols: dict[str, list] = {name: [] for name in S.NODE_RESULTS.names}
+        for agent, model in configs:
+            skill = rng.uniform(0.3, 0.9)
+            for attempt in range(attempts):
+                trial_id = f"{task['task_id']}.{agent}.{model}.{attempt}"
+                outcome = rng.choices(ocs, ows)[0]
+                score = maxs = 0.0
+                if outcome != "env_error":
+                    for n in task["nodes"]:
+                        r = rng.random()
+                        if n["method"] == "llm-judge" and r < 0.05:
+                            st, sc = "SKIPPED_LLM", 0.0
+                        elif r < skill:
+                            st = "PASSED"
+                            sc = n["max_score"] if n["method"] != "weighted" else max(
+                                0.1, floor_tenth(rng.uniform(0.3, 1.0) * n["max_score"]))
+                        else:
+                            st, sc = rng.choice(["FAILED", "FAILED", "ERROR", "SKIPPED_DEPENDENCY"]), 0.0
+                        if st != "SKIPPED_LLM":
+                            score += sc
+                            maxs += n["max_score"]
+                        row = {**n, "sweep_id": sweep_id, "trial_id": trial_id, "task_id": task["task_id"],
+                               "agent": agent, "model": model, "attempt": attempt, "status": st, "score": sc,
+                               "duration_ms": 1.5, "message": "" if st == "PASSED" else f"expected 200, got 500 ({st})",
+                               "steps": 3, "judge_score": None, "judge_skipped": st == "SKIPPED_LLM"}
+                        for k, col in cols.items():
+                            col.append(row.get(k))
+                trials.append({"sweep_id": sweep_id, "trial_id": trial_id, "task_id": task["task_id"],
+                               "agent": agent, "model": model, "attempt": attempt, "domain": task["domain"],
+                               "outcome": outcome, "valid": outcome not in S.INFRA_OUTCOMES,
+                               "task_score": round(100 * score / maxs, 2) if maxs > 0 else None,
+                               "total_nodes": len(task["nodes"]), "schema_version": S.SCHEMA_VERSION})
+        out[task["task_id"]] = (trials, cols)
+    return out
+
+
+def generate(rows: int, n_tasks: int, n_configs: int, attempts: int, seed: int):
+    rng = random.Random(seed)
+    pool = make_tasks(max(60, n_tasks), rng)
+    per_sweep = n_tasks * n_configs * attempts * 100
+    n_sweeps = max(1, math.ceil(rows / per_sweep))
+    sweeps = {}
+    total = 0
+    for s in range(n_sweeps):
+        sid = f"sweep-{s:04d}"
+        tasks = rng.sample(pool, n_tasks)
+        configs = rng.sample(AGENTS, n_configs)
+        sweeps[sid] = make_sweep(sid, tasks, configs, attempts, rng)
+        total += sum(len(c["node_id"]) for _t, c in sweeps[sid].values())
+    return sweeps, total
+
+
+def write_bulk(uri: str, sweeps: dict, workers: int) -> float:
+    store = lake_from_uri(uri)
+    jobs = []
+    for sid, tasks in sweeps.items():
+        write_sweep(store, {"sweep_id": sid, "name": sid})
+        for task_id, (trials, cols) in tasks.items():
+            jobs.append((sid, task_id, trials, cols))
+
+    def one(job):
+        sid, task_id, trials, cols = job
+        tables = {"trials": pa.Table.from_pylist(trials, schema=pa.schema([S.TRIALS.field(k) for k in trials[0]])),
+                  "node_results": pa.table(cols, schema=S.NODE_RESULTS)}
+        batch = f"batch-{task_id}"
+        _commit(store, trial_marker_key(sid, batch), {"unit": "trial", "sweep_id": sid, "task_id": task_id,
+                                                      "batch": batch}, tables, batch,
+                {"sweep_id": sid, "task_id": task_id})
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(one, jobs))
+    return time.perf_counter() - t0
+
+
+def write_per_trial(uri: str, sweeps: dict, sample: int, workers: int) -> tuple[float, int, int]:
+    """write_trial for the first ``sample`` trials: (seconds, trials, node rows)."""
+    store = lake_from_uri(uri)
+    units = []
+    for sid, tasks in sweeps.items():
+        for task_id, (trials, cols) in tasks.items():
+            ids = cols["trial_id"]
+            for tr in trials:
+                idx = [i for i, x in enumerate(ids) if x == tr["trial_id"]]
+                nodes = {k: [v[i] for i in idx] for k, v in cols.items()}
+                units.append(TrialRows(sweep_id=sid, trial_id=tr["trial_id"], task_id=task_id,
+                                       tables={"trials": [tr], "node_results": pa.table(nodes, schema=S.NODE_RESULTS)}))
+                if len(units) >= sample:
+                    break
+            if len(units) >= sample:
+                break
+        if len(units) >= sample:
+            break
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(lambda u: write_trial(store, u), units))
+    return time.perf_counter() - t0, len(units), sum(u.tables["node_results"].num_rows for u in units)
+
+
+def time_report(uri: str, sweeps: list[str], repeats: int, reference: bool = False) -> dict:
+    fn = aggregate.sweep_report_reference if reference else aggregate.sweep_report
+    times = []
+    rep = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rep = fn(uri, sweeps if len(sweeps) > 1 else sweeps[0])
+        times.append(time.perf_counter() - t0)
+    nodes = sum(t.nodes for t in rep.trials)
+    return {"median_s": statistics.median(times), "min_s": min(times), "runs": len(times),
+            "trials": len(rep.trials), "node_rows": nodes}
+
+
+def bench_store(name: str, uri: str, sample_uri: str, sweeps: dict, total: int, args) -> dict:
+    out: dict = {"store": name}
+    wall = write_bulk(uri, sweeps, args.bulk_workers)
+    out["bulk_write"] = {"seconds": wall, "node_rows": total, "rows_per_s": total / wall,
+                         "commits": sum(len(t) for t in sweeps.values()), "workers": args.bulk_workers}
+    s, n_trials, n_rows = write_per_trial(sample_uri, sweeps, args.per_trial_sample, args.bulk_workers)
+    out["per_trial_write"] = {"seconds": s, "trials": n_trials, "node_rows": n_rows, "rows_per_s": n_rows / s,
+                              "trials_per_s": n_trials / s, "workers": args.bulk_workers,
+                              "extrapolated_s_for_all_rows": total / (n_rows / s)}
+    first = min(sweeps)
+    out["report_one_sweep"] = time_report(uri, [first], args.repeats)
+    out["report_all_sweeps"] = time_report(uri, sorted(sweeps), args.repeats)
+    if args.reference:
+        out["reference_one_sweep"] = time_report(uri, [first], 1, reference=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--tasks", type=int, default=10, help="tasks per sweep")
+    ap.add_argument("--configs", type=int, default=5, help="(agent, model) configurations per sweep")
+    ap.add_argument("--attempts", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--s3", action="store_true", help="also write to and report from a moto_server S3 endpoint")
+    ap.add_argument("--per-trial-sample", type=int, default=500, help="trials written with write_trial")
+    ap.add_argument("--bulk-workers", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--reference", action="store_true", help="also time the Python reference path on one sweep")
+    ap.add_argument("--json", type=Path, help="write the results here as JSON")
+    ap.add_argument("--keep", type=Path, help="write the local lake here and keep it (default: a temp dir)")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    sweeps, total = generate(args.rows, args.tasks, args.configs, args.attempts, args.seed)
+    gen_s = time.perf_counter() - t0
+    result: dict = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
+                                "cpus": os.cpu_count(), "duckdb": __import__("duckdb").__version__,
+                                "pyarrow": pa.__version__},
+                    "data": {"sweeps": len(sweeps), "trials": sum(len(t) for s in sweeps.values() for t, _ in s.values()),
+                             "node_rows": total, "generate_s": gen_s,
+                             "tasks_per_sweep": args.tasks, "configs": args.configs, "attempts": args.attempts},
+                    "stores": []}
+    tmp = Path(tempfile.mkdtemp(prefix="lake-bench-"))
+    try:
+        local = args.keep or tmp / "lake"
+        if args.keep and args.keep.exists():
+            shutil.rmtree(args.keep)
+        result["stores"].append(bench_store("local", str(local), str(tmp / "per-trial"), sweeps, total, args))
+        if args.s3:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from s3server import _stop_pid, start_moto
+
+            saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+                                                    "SAASBENCH_S3_ENDPOINT")}
+            proc, url, _log = start_moto()
+            try:
+                os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                   "AWS_DEFAULT_REGION": "us-east-1", "SAASBENCH_S3_ENDPOINT": url})
+                import boto3
+
+                boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="bench")
+                result["stores"].append(bench_store("s3 (moto_server)", "s3://bench/lake", "s3://bench/per-trial",
+                                                    sweeps, total, args))
+            finally:
+                _stop_pid(proc)
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    d = result["data"]
+    print(f"{d['node_rows']:,} node rows, {d['trials']:,} trials, {d['sweeps']} sweeps "
+          f"({d['tasks_per_sweep']} tasks x {d['configs']} configs x {d['attempts']} attempts); generated in {gen_s:.1f}s")
+    print(f"{'store':18} {'bulk write':>22} {'write_trial (sample)':>30} {'report 1 sweep':>15} {'report all':>12}")
+    for s in result["stores"]:
+        b, p = s["bulk_write"], s["per_trial_write"]
+        print(f"{s['store']:18} {b['seconds']:7.1f}s {b['rows_per_s']:>9,.0f} rows/s "
+              f"{p['rows_per_s']:>9,.0f} rows/s ({p['trials_per_s']:5.1f} tr/s) "
+              f"{s['report_one_sweep']['median_s']:14.3f}s {s['report_all_sweeps']['median_s']:11.3f}s")
+        if "reference_one_sweep" in s:
+            print(f"{'':18} reference path, 1 sweep: {s['reference_one_sweep']['median_s']:.3f}s")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
