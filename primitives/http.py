@@ -243,7 +243,21 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 # --- P04 -----------------------------------------------------------------------------------------
-class P04Inputs(PrimitiveInputs):
+class HttpFields(PrimitiveInputs):
+    """Base of inputs that carry an HTTP ``method`` and ``headers``: one normalisation for both."""
+
+    @field_validator("method", mode="before", check_fields=False)
+    @classmethod
+    def _check_method(cls, value: Any) -> str:
+        return _method(value)
+
+    @field_validator("headers", mode="before", check_fields=False)
+    @classmethod
+    def _check_headers(cls, value: Any) -> dict[str, str] | None:
+        return _string_headers(value)
+
+
+class P04Inputs(HttpFields):
     method: str = Field(default="GET", description="HTTP method")
     path: str = Field(description="Path relative to the base URL, or an absolute http(s) URL")
     headers: dict[str, str] | None = Field(
@@ -261,15 +275,6 @@ class P04Inputs(PrimitiveInputs):
     save_as: str | None = Field(default=None, description="Capture the response record under this name")
     capture_response_as: str | None = Field(default=None, description="Same as save_as (family-A name)")
 
-    @field_validator("method", mode="before")
-    @classmethod
-    def _check_method(cls, value: Any) -> str:
-        return _method(value)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _check_headers(cls, value: Any) -> dict[str, str] | None:
-        return _string_headers(value)
 
 
 @primitive("P04", P04Inputs)
@@ -1331,7 +1336,7 @@ def search_query(inputs: P26Inputs, ctx: RunContext) -> StepResult:
 
 
 # --- P29 -----------------------------------------------------------------------------------------
-class WorkflowSetup(PrimitiveInputs):
+class WorkflowSetup(HttpFields):
     method: str = Field(default="POST", description="HTTP method creating the entity")
     path: str = Field(description="Path creating the entity")
     body: Any = Field(default=None, description="JSON body")
@@ -1348,15 +1353,6 @@ class WorkflowSetup(PrimitiveInputs):
             rename_aliases(data, "expect_status", ("expected_status",))
         return data
 
-    @field_validator("method", mode="before")
-    @classmethod
-    def _check_method(cls, value: Any) -> str:
-        return _method(value)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _check_headers(cls, value: Any) -> dict[str, str] | None:
-        return _string_headers(value)
 
 
 def _state_assertions(value: Any) -> Any:
@@ -1374,7 +1370,7 @@ def _state_assertions(value: Any) -> Any:
     return out
 
 
-class WorkflowStep(PrimitiveInputs):
+class WorkflowStep(HttpFields):
     name: str | None = Field(default=None, description="Named in messages; its response record is {{<name>}} for later steps")
     method: str = Field(default="PUT", description="HTTP method (default PUT, as in the reference)")
     path: str = Field(description="Path; {{id}}, {{<setup field>}}, {{setup.a.b}}, {{ids[0]}} and {{<earlier step>.body.x}} resolve")
@@ -1393,16 +1389,6 @@ class WorkflowStep(PrimitiveInputs):
             if "expect_state" in data:
                 data["expect_state"] = _state_assertions(data["expect_state"])
         return data
-
-    @field_validator("method", mode="before")
-    @classmethod
-    def _check_method(cls, value: Any) -> str:
-        return _method(value)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _check_headers(cls, value: Any) -> dict[str, str] | None:
-        return _string_headers(value)
 
 
 class FinalVerify(PrimitiveInputs):

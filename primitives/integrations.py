@@ -50,9 +50,9 @@ from pydantic import Field, field_validator, model_validator
 from saasbench.primitives.assertions import UNARY, Assertion, Doc, check, short
 from saasbench.primitives.db import db_check
 from saasbench.primitives.http import (
+    HttpFields,
     Statuses,
     _method,
-    _string_headers,
     excerpt,
     response_evidence,
     send,
@@ -79,7 +79,7 @@ NO_ENVIRONMENT = "no environment: an exec trigger needs an environment backend (
 
 
 # --- triggers -------------------------------------------------------------------------------------
-class Trigger(PrimitiveInputs):
+class Trigger(HttpFields):
     type: Literal["http", "exec"] = Field(default="http", description="http (a request to the app) or exec (a command in its environment)")
     method: str = Field(default="POST", description="http: HTTP method")
     path: str | None = Field(default=None, description="http: path relative to the base URL, or an absolute URL")
@@ -121,15 +121,6 @@ class Trigger(PrimitiveInputs):
                 data["type"] = lowered
         return data
 
-    @field_validator("method", mode="before")
-    @classmethod
-    def _check_method(cls, value: Any) -> str:
-        return _method(value)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _check_headers(cls, value: Any) -> dict[str, str] | None:
-        return _string_headers(value)
 
     @model_validator(mode="after")
     def _complete(self) -> Trigger:
@@ -217,7 +208,7 @@ _STRATEGIES = {"db_query": "db_query", "db": "db_query", "sql": "db_query", "dat
                "http": "http", "api": "http", "http_poll": "http", "poll": "http", "api_query": "http", "http_request": "http"}
 
 
-class Verify(PrimitiveInputs):
+class Verify(HttpFields):
     strategy: Literal["db_query", "http"] = Field(description="db_query: poll SQL; http: poll an endpoint with P07 assertions")
     sql: Any = Field(default=None, description="db_query: SQL (or a MongoDB query); placeholders are bound as parameters")
     expected_result: Any = Field(default=None, description="db_query: any P08 expectation (absent: a SELECT returns rows)")
@@ -258,15 +249,6 @@ class Verify(PrimitiveInputs):
             data["assertions"] = [data["assertions"]]
         return data
 
-    @field_validator("method", mode="before")
-    @classmethod
-    def _check_method(cls, value: Any) -> str:
-        return _method(value)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _check_headers(cls, value: Any) -> dict[str, str] | None:
-        return _string_headers(value)
 
     @model_validator(mode="after")
     def _complete(self) -> Verify:
@@ -973,7 +955,7 @@ def _mailhog_check(ctx: RunContext, api: str, inputs: P28Inputs, evidence: dict[
 
 
 # --- P_INGEST event_ingest ------------------------------------------------------------------------
-class IngestInputs(PrimitiveInputs):
+class IngestInputs(HttpFields):
     """Analytics ingestion (the paper's P_INGEST: "event ingestion (analytics tasks)").
 
     Model: send ``events`` to the app's ingestion ``endpoint`` (each event its own request, or all
@@ -1019,15 +1001,6 @@ class IngestInputs(PrimitiveInputs):
         rename_aliases(data, "expect_status", ("expected_status",))
         return data
 
-    @field_validator("method", mode="before")
-    @classmethod
-    def _check_method(cls, value: Any) -> str:
-        return _method(value)
-
-    @field_validator("headers", mode="before")
-    @classmethod
-    def _check_headers(cls, value: Any) -> dict[str, str] | None:
-        return _string_headers(value)
 
 
 @primitive("P_INGEST", IngestInputs, raw_fields={"events", "event", "payloads", "payload", "body", "data", "verify"})
