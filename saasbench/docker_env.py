@@ -59,20 +59,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from saasbench.environment import (
     LOG_TAIL_ON_ERROR,
-    MAX_FILE_BYTES,
     MAX_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
     EnvError,
     Environment,
     ExecResult,
-    FileTooLarge,
+    HostFolderFiles,
     PathEscape,
     Service,
     ServiceError,
     pid_alive,
 )
 from saasbench.envspec import EnvSpec, ServiceSpec, import_compose, read_env_file
-from saasbench.primitives.files import Entry, Workspace, confine
+from saasbench.primitives.files import confine
 
 if TYPE_CHECKING:
     import docker
@@ -262,7 +261,7 @@ class _CappedStreams:
 
 
 # --- the backend ---------------------------------------------------------------------------------
-class DockerEnvironment(Environment):
+class DockerEnvironment(HostFolderFiles, Environment):
     """One trial's containers. ``with DockerEnvironment(task=task, client=client) as env: ...``.
 
     ``spec``: the services (default: :func:`env_spec_for_task`, or one ``app`` service on
@@ -710,38 +709,6 @@ class DockerEnvironment(Environment):
         merged = self.service_env()
         merged.update({str(k): str(v) for k, v in (env or {}).items()})
         return self._exec_in(self._containers[self.app_name], [self._shell, cmd], timeout_s, merged, self._container_dir(host))
-
-    def read_file(self, path: str, limit: int | None = None) -> bytes:
-        host = self._host_path(path)
-        size = os.stat(host).st_size
-        cap = MAX_FILE_BYTES if limit is None else min(limit, MAX_FILE_BYTES)
-        if limit is None and size > MAX_FILE_BYTES:
-            raise FileTooLarge(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit")
-        with open(host, "rb") as fh:
-            return fh.read(cap)
-
-    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
-        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        if len(payload) > MAX_FILE_BYTES:
-            raise FileTooLarge(f"{path}: {len(payload)} bytes is over the {MAX_FILE_BYTES}-byte limit")
-        host = self._host_path(path)
-        if host == self._require():
-            raise IsADirectoryError(f"{path!r} is the workspace itself")
-        host.parent.mkdir(parents=True, exist_ok=True)
-        host = self._host_path(path)
-        tmp = host.with_name(f".{host.name}.saasbench-tmp")
-        tmp.write_bytes(payload)
-        if mode is not None:
-            os.chmod(tmp, mode & 0o7777)
-        os.replace(tmp, host)
-
-    def list_files(self, path: str = ".") -> list[Entry]:
-        ws = self._require()
-        rel = os.path.relpath(os.path.realpath(self._host_path(path)), ws)
-        return Workspace(ws).listdir(confine(rel))
-
-    def workspace(self) -> Workspace:
-        return Workspace(self._require())
 
     # --- services (long-lived commands in the app container) -------------------------------------
     def start_service(self, name: str, command: str, env: Mapping[str, str] | None = None, port: int | None = None,

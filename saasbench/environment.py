@@ -325,7 +325,48 @@ def _tail(path: Path, lines: int) -> str:
 
 
 # --- the local backend -------------------------------------------------------------------------------
-class LocalEnvironment(Environment):
+class HostFolderFiles:
+    """File access for backends whose workspace is a folder on this host (local, Docker bind mount).
+
+    Subclasses provide ``_require()`` (the workspace folder) and ``_host_path(path)`` (the path
+    confined to it, raising PathEscape otherwise); the limits are those of :class:`Environment`.
+    """
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        host = self._host_path(path)
+        size = os.stat(host).st_size
+        cap = MAX_FILE_BYTES if limit is None else min(limit, MAX_FILE_BYTES)
+        if limit is None and size > MAX_FILE_BYTES:
+            raise FileTooLarge(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit")
+        with open(host, "rb") as fh:
+            return fh.read(cap)
+
+    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
+        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        if len(payload) > MAX_FILE_BYTES:
+            raise FileTooLarge(f"{path}: {len(payload)} bytes is over the {MAX_FILE_BYTES}-byte limit")
+        host = self._host_path(path)
+        if host == self._require():
+            raise IsADirectoryError(f"{path!r} is the workspace itself")
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host = self._host_path(path)  # again: a parent created just now must not lead out either
+        tmp = host.with_name(f".{host.name}.saasbench-tmp")
+        tmp.write_bytes(payload)
+        if mode is not None:
+            os.chmod(tmp, mode & 0o7777)
+        os.replace(tmp, host)
+
+    def list_files(self, path: str = ".") -> list[Entry]:
+        ws = self._require()
+        rel = os.path.relpath(os.path.realpath(self._host_path(path)), ws)
+        return Workspace(ws).listdir(confine(rel))
+
+    def workspace(self) -> Workspace:  # type: ignore[override]
+        return Workspace(self._require())
+
+
+
+class LocalEnvironment(HostFolderFiles, Environment):
     """A trial on this host: a fresh workspace folder, processes in their own groups, SQLite.
 
     No isolation beyond a separate folder, a free port on 127.0.0.1 and a filtered environment
@@ -510,38 +551,6 @@ class LocalEnvironment(Environment):
         code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
         return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
                           truncated=out.truncated or err.truncated)
-
-    def read_file(self, path: str, limit: int | None = None) -> bytes:
-        host = self._host_path(path)
-        size = os.stat(host).st_size
-        cap = MAX_FILE_BYTES if limit is None else min(limit, MAX_FILE_BYTES)
-        if limit is None and size > MAX_FILE_BYTES:
-            raise FileTooLarge(f"{path}: {size} bytes is over the {MAX_FILE_BYTES}-byte limit")
-        with open(host, "rb") as fh:
-            return fh.read(cap)
-
-    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
-        payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        if len(payload) > MAX_FILE_BYTES:
-            raise FileTooLarge(f"{path}: {len(payload)} bytes is over the {MAX_FILE_BYTES}-byte limit")
-        host = self._host_path(path)
-        if host == self._require():
-            raise IsADirectoryError(f"{path!r} is the workspace itself")
-        host.parent.mkdir(parents=True, exist_ok=True)
-        host = self._host_path(path)  # again: a parent created just now must not lead out either
-        tmp = host.with_name(f".{host.name}.saasbench-tmp")
-        tmp.write_bytes(payload)
-        if mode is not None:
-            os.chmod(tmp, mode & 0o7777)
-        os.replace(tmp, host)
-
-    def list_files(self, path: str = ".") -> list[Entry]:
-        ws = self._require()
-        rel = os.path.relpath(os.path.realpath(self._host_path(path)), ws)
-        return Workspace(ws).listdir(confine(rel))
-
-    def workspace(self) -> Workspace:
-        return Workspace(self._require())
 
     # --- services ---------------------------------------------------------------------------------
     def start_service(self, name: str, command: str, env: Mapping[str, str] | None = None, port: int | None = None,
