@@ -151,11 +151,17 @@ def report_cmd(
 
     lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
     try:
-        if not sweep:
-            from saasbench.lake import query
+        if sweep:
+            report = sweep_report(lake, sweep, pass_threshold=pass_threshold)
+        else:  # every sweep, over one connection (one read of the commit markers)
+            from saasbench.lake import connect
 
-            sweep = [r["sweep_id"] for r in query(lake, "SELECT DISTINCT sweep_id FROM trials ORDER BY 1").to_pylist()]
-        report = sweep_report(lake, sweep, pass_threshold=pass_threshold) if sweep else None
+            con = connect(lake)
+            try:
+                sweep = [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM trials ORDER BY 1").fetchall()]
+                report = sweep_report(con, sweep, pass_threshold=pass_threshold) if sweep else None
+            finally:
+                con.close()
     except Exception as exc:  # noqa: BLE001 - store/DuckDB errors become one line, exit 2
         raise _fail(f"cannot read the lake {lake}: {type(exc).__name__}: {exc}") from None
     if report is None or not report.trials:
@@ -196,3 +202,55 @@ def compare_cmd(
     if not cmp.configs and not cmp.only_in_a and not cmp.only_in_b:
         raise _fail(f"no trials of sweep {sweep_a} or {sweep_b} in the lake {lake}")
     render_compare(_console(), cmp, max_nodes=max_nodes)
+
+
+lake_app = typer.Typer(help="Maintain the results lake: compact small files, vacuum orphans.", no_args_is_help=True)
+
+
+@lake_app.command("compact")
+def compact_cmd(
+    lake: LakeOption = None,
+    sweep: Annotated[Optional[str], typer.Option("--sweep", help="Compact only this sweep (default: the whole lake)")] = None,
+    max_file_rows: Annotated[int, typer.Option("--max-file-rows", min=1, help="Rows per Parquet file at most")] = 2_000_000,
+) -> None:
+    """Rewrite the committed rows (of the lake or one sweep) as a few large files, then delete the
+    small per-trial files they replace. Safe to interrupt; readers always see every row once.
+
+    Example: saasbench lake compact --lake s3://results/saasbench
+    """
+    from saasbench.lake.batch import compact
+
+    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    try:
+        res = compact(lake, sweep_id=sweep, max_file_rows=max_file_rows)
+    except Exception as exc:  # noqa: BLE001 - store/DuckDB errors become one line, exit 2
+        raise _fail(f"cannot compact the lake {lake}: {type(exc).__name__}: {exc}") from None
+    console = _console()
+    if res.batch is None and not res.markers_deleted:
+        console.print("nothing to compact")
+        return
+    if res.batch is not None:
+        rows = sum(f["rows"] for f in res.batch.files)
+        console.print(f"compacted {res.units} unit(s), {rows:,} row(s) into {len(res.batch.files)} file(s): "
+                      f"{escape(res.batch.marker)}")
+    console.print(f"deleted {len(res.markers_deleted)} marker(s) and {res.files_deleted} file(s) they listed")
+
+
+@lake_app.command("vacuum")
+def vacuum_cmd(
+    lake: LakeOption = None,
+    older_than_s: Annotated[float, typer.Option("--older-than", min=0, help="Only files at least this old (seconds)")] = 3600.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List, do not delete")] = False,
+) -> None:
+    """Delete Parquet files no commit lists (left by writes that crashed before committing)."""
+    from saasbench.lake import vacuum
+
+    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    try:
+        keys = vacuum(lake, older_than_s=older_than_s, dry_run=dry_run)
+    except Exception as exc:  # noqa: BLE001 - store errors become one line, exit 2
+        raise _fail(f"cannot vacuum the lake {lake}: {type(exc).__name__}: {exc}") from None
+    console = _console()
+    for k in keys:
+        console.print(escape(k), highlight=False)
+    console.print(f"{len(keys)} orphan file(s) {'found' if dry_run else 'deleted'}")

@@ -13,8 +13,12 @@ Read::
     lake.query(store, "SELECT agent, avg(task_score) FROM trials WHERE sweep_id = ? GROUP BY 1", ["sw1"])
 
 Schema: :mod:`saasbench.lake.schema` (``SCHEMA_VERSION``, ``TABLES``). Writes are idempotent and
-all-or-nothing per trial (commit markers); see :mod:`saasbench.lake.writer`.
+all-or-nothing per trial (commit markers); see :mod:`saasbench.lake.writer`. Bulk writes and
+compaction (many units in a few large files): :mod:`saasbench.lake.batch`; how readers pick one
+source per unit: :mod:`saasbench.lake.snapshot`.
 """
+
+from saasbench.lake.batch import CompactResult, compact, write_batch
 
 from saasbench.lake.query import (
     committed_files,
@@ -66,7 +70,7 @@ from saasbench.lake.writer import (
 )
 
 __all__ = [
-    "AGENT_OUTCOMES", "DEFAULT_LAKE", "INFRA_OUTCOMES", "OUTCOMES", "SCHEMA_VERSION", "TABLES",
+    "AGENT_OUTCOMES", "CompactResult", "DEFAULT_LAKE", "compact", "write_batch", "INFRA_OUTCOMES", "OUTCOMES", "SCHEMA_VERSION", "TABLES",
     "TRIAL_TABLES", "VALID_OUTCOMES", "Commit", "LakeStoreError", "LocalStore", "S3Store", "Store", "TableDef",
     "TrialInfo", "TrialRows", "check_id", "committed_files", "committed_trials", "connect", "delete_trial",
     "describe", "format_table", "from_trial_result", "is_committed", "lake_from_uri", "list_commits", "query",

@@ -33,10 +33,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from saasbench.lake import schema as S
+from saasbench.lake.snapshot import BATCHES, COMMITS, MARKER_FORMAT, read_marker_key, read_markers, snapshot
 from saasbench.lake.store import Store, lake_from_uri
-
-COMMITS = "_commits"
-MARKER_FORMAT = "saasbench-lake-commit/1"
 _PART_RE = re.compile(r"^part-(?P<id>.+)\.(?P<gen>[0-9a-f]{16})\.parquet$")
 
 Rows = "pa.Table | Iterable[Mapping[str, Any]]"
@@ -151,7 +149,7 @@ def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping
     if hook:
         hook("before_marker", marker_key)
     marker = {"format": MARKER_FORMAT, "schema_version": S.SCHEMA_VERSION, **unit, "generation": gen,
-              "written_at": datetime.now(UTC).isoformat(timespec="microseconds"),
+              "written_at": _now(),
               "files": files}
     store.put(marker_key, json.dumps(marker, sort_keys=True).encode())
 
@@ -205,48 +203,27 @@ def write_validation(lake: Store | str, task_id: str, run_id: str, rows: Any, *,
 
 
 # --- reading markers ---------------------------------------------------------------------------
-def read_marker(store: Store, key: str) -> dict[str, Any] | None:
-    data = store.get(key)
-    return _parse_marker(key, data)
-
-
-def _parse_marker(key: str, data: bytes | None) -> dict[str, Any] | None:
-    if data is None:
-        return None
-    try:
-        m = json.loads(data)
-    except ValueError:
-        return None  # not ours / damaged: ignored, never half-read
-    if not isinstance(m, dict) or m.get("format") != MARKER_FORMAT or not isinstance(m.get("files"), list):
-        return None
-    return m
+read_marker = read_marker_key
 
 
 def list_commits(lake: Store | str, *, sweep_id: str | None = None) -> list[dict[str, Any]]:
-    """All commit markers (sweep rows, trials, validations), optionally only one sweep's
-    (validations are always included: they belong to tasks, not sweeps)."""
-    store = lake_from_uri(lake)
-    if sweep_id is not None:
-        keys = store.list(f"{COMMITS}/sweep_id={S.check_id(sweep_id, 'sweep_id')}/") + store.list(f"{COMMITS}/_validations/")
-    else:
-        keys = store.list(f"{COMMITS}/")
-    keys = [k for k in keys if k.endswith(".json")]
-    out = []
-    for key, data in store.get_many(keys).items():
-        m = _parse_marker(key, data)
-        if m is not None:
-            m["marker"] = key
-            out.append(m)
-    return out
+    """All commit markers (sweep rows, trials, validations, batches), optionally only those of one
+    sweep (validations are always included: they belong to tasks, not sweeps)."""
+    return read_markers(lake_from_uri(lake), sweep_id=sweep_id)
 
 
 def committed_trials(lake: Store | str, sweep_id: str) -> set[str]:
-    """Trial ids of ``sweep_id`` that are committed (a resumed sweep skips these)."""
-    return {m["trial_id"] for m in list_commits(lake, sweep_id=sweep_id) if m.get("unit") == "trial"}
+    """Trial ids of ``sweep_id`` that are committed, by a trial write or a batch (a resumed sweep
+    skips these)."""
+    return snapshot(lake_from_uri(lake), sweep_id=sweep_id).trial_ids(sweep_id)
 
 
 def is_committed(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
-    return read_marker(lake_from_uri(lake), trial_marker_key(sweep_id, trial_id)) is not None
+    store = lake_from_uri(lake)
+    m = read_marker(store, trial_marker_key(sweep_id, trial_id))
+    if m is not None and not m.get("deleted") and not store.list(f"{BATCHES}/"):
+        return True  # the common case without batches: one GET, one LIST
+    return trial_id in committed_trials(store, sweep_id)
 
 
 def vacuum(lake: Store | str, *, older_than_s: float = 3600.0, dry_run: bool = False) -> list[str]:
@@ -266,12 +243,35 @@ def vacuum(lake: Store | str, *, older_than_s: float = 3600.0, dry_run: bool = F
 
 
 def delete_trial(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
-    """Remove a trial: marker first (invisible at once), then its files. False if absent."""
+    """Remove a trial; False if it was not committed. Its own marker goes first (invisible at
+    once), then its files; a trial held by a batch gets a tombstone marker instead, which hides
+    its rows in the batch until the next ``compact``."""
     store = lake_from_uri(lake)
     key = trial_marker_key(sweep_id, trial_id)
-    m = read_marker(store, key)
-    if m is None:
+    snap = snapshot(store, sweep_id=sweep_id)
+    win = snap.winners.get(("trial", sweep_id, trial_id))
+    if win is None or win.deleted:
         return False
-    store.delete([key])
-    store.delete([f["key"] for f in m["files"]])
+    m = read_marker(store, key)
+    unit = ("trial", sweep_id, trial_id)
+    if win.batch or any(unit in held for held in snap.excluded.values()):  # a batch holds its rows: hide them
+        tomb = {"format": MARKER_FORMAT, "schema_version": S.SCHEMA_VERSION, "unit": "trial", "sweep_id": sweep_id,
+                "trial_id": trial_id, "task_id": _task_of(win, trial_id) if win.batch else win.marker.get("task_id"),
+                "deleted": True, "generation": "deleted", "written_at": _now(), "files": []}
+        store.put(key, json.dumps(tomb, sort_keys=True).encode())
+    else:
+        store.delete([key])
+    if m is not None:
+        store.delete([f["key"] for f in m["files"]])
     return True
+
+
+def _task_of(src: Any, trial_id: str) -> str | None:
+    for e in src.marker.get("units", []):
+        if isinstance(e, dict) and e.get("unit") == "trial" and e.get("trial_id") == trial_id:
+            return e.get("task_id")
+    return None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
