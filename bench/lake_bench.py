@@ -52,9 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from saasbench import aggregate
-from saasbench.lake import lake_from_uri, write_sweep, write_trial
+from saasbench.lake import lake_from_uri, write_trial
 from saasbench.lake import schema as S
-from saasbench.lake.writer import TrialRows, _commit, trial_marker_key
+from saasbench.lake.batch import compact, write_batch
+from saasbench.lake.writer import TrialRows
 from saasbench.scoring import floor_tenth
 
 CATEGORIES = ["Deployment", "Setup", "DataModel", "Cache", "API_CRUD", "GraphQL", "Webhook", "BusinessLogic_Orders",
@@ -140,26 +141,33 @@ def generate(rows: int, n_tasks: int, n_configs: int, attempts: int, seed: int):
     return sweeps, total
 
 
-def write_bulk(uri: str, sweeps: dict, workers: int) -> float:
+def _sweep_tables(sid: str, tasks: dict) -> dict[str, pa.Table]:
+    trials = [t for trs, _c in tasks.values() for t in trs]
+    nodes = pa.concat_tables([pa.table(c, schema=S.NODE_RESULTS) for _t, c in tasks.values()])
+    return {"sweeps": [{"sweep_id": sid, "name": sid}],
+            "trials": pa.Table.from_pylist(trials, schema=pa.schema([S.TRIALS.field(k) for k in trials[0]])),
+            "node_results": nodes}
+
+
+def write_one_batch(uri: str, sweeps: dict) -> tuple[float, int]:
+    """Every row of every sweep in one ``write_batch`` call: (seconds, files)."""
     store = lake_from_uri(uri)
-    jobs = []
-    for sid, tasks in sweeps.items():
-        write_sweep(store, {"sweep_id": sid, "name": sid})
-        for task_id, (trials, cols) in tasks.items():
-            jobs.append((sid, task_id, trials, cols))
+    per = [_sweep_tables(sid, tasks) for sid, tasks in sweeps.items()]
+    tables = {"sweeps": [r for p in per for r in p["sweeps"]],
+              "trials": pa.concat_tables([p["trials"] for p in per], promote_options="default"),
+              "node_results": pa.concat_tables([p["node_results"] for p in per])}
+    t0 = time.perf_counter()
+    commit = write_batch(store, tables)
+    return time.perf_counter() - t0, len(commit.files)
 
-    def one(job):
-        sid, task_id, trials, cols = job
-        tables = {"trials": pa.Table.from_pylist(trials, schema=pa.schema([S.TRIALS.field(k) for k in trials[0]])),
-                  "node_results": pa.table(cols, schema=S.NODE_RESULTS)}
-        batch = f"batch-{task_id}"
-        _commit(store, trial_marker_key(sid, batch), {"unit": "trial", "sweep_id": sid, "task_id": task_id,
-                                                      "batch": batch}, tables, batch,
-                {"sweep_id": sid, "task_id": task_id})
 
+def write_sweep_batches(uri: str, sweeps: dict, workers: int) -> float:
+    """One ``write_batch`` per sweep (what a sweep's end-of-run compaction produces)."""
+    store = lake_from_uri(uri)
+    per = {sid: _sweep_tables(sid, tasks) for sid, tasks in sweeps.items()}
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(one, jobs))
+        list(pool.map(lambda sid: write_batch(store, per[sid], workers=1), per))
     return time.perf_counter() - t0
 
 
@@ -200,20 +208,30 @@ def time_report(uri: str, sweeps: list[str], repeats: int, reference: bool = Fal
             "trials": len(rep.trials), "node_rows": nodes}
 
 
-def bench_store(name: str, uri: str, sample_uri: str, sweeps: dict, total: int, args) -> dict:
+def bench_store(name: str, root: str, sweeps: dict, total: int, args) -> dict:
     out: dict = {"store": name}
-    wall = write_bulk(uri, sweeps, args.bulk_workers)
-    out["bulk_write"] = {"seconds": wall, "node_rows": total, "rows_per_s": total / wall,
-                         "commits": sum(len(t) for t in sweeps.values()), "workers": args.bulk_workers}
-    s, n_trials, n_rows = write_per_trial(sample_uri, sweeps, args.per_trial_sample, args.bulk_workers)
+    one = f"{root}/one-batch"
+    wall, files = write_one_batch(one, sweeps)
+    out["write_one_batch"] = {"seconds": wall, "node_rows": total, "rows_per_s": total / wall, "files": files}
+    per_sweep = f"{root}/sweep-batches"
+    wall = write_sweep_batches(per_sweep, sweeps, args.bulk_workers)
+    out["write_sweep_batches"] = {"seconds": wall, "node_rows": total, "rows_per_s": total / wall,
+                                  "batches": len(sweeps), "workers": args.bulk_workers}
+    s, n_trials, n_rows = write_per_trial(f"{root}/per-trial", sweeps, args.per_trial_sample, args.bulk_workers)
     out["per_trial_write"] = {"seconds": s, "trials": n_trials, "node_rows": n_rows, "rows_per_s": n_rows / s,
                               "trials_per_s": n_trials / s, "workers": args.bulk_workers,
                               "extrapolated_s_for_all_rows": total / (n_rows / s)}
     first = min(sweeps)
-    out["report_one_sweep"] = time_report(uri, [first], args.repeats)
-    out["report_all_sweeps"] = time_report(uri, sorted(sweeps), args.repeats)
+    out["report_one_sweep_sweep_batches"] = time_report(per_sweep, [first], args.repeats)
+    out["report_all_sweeps_sweep_batches"] = time_report(per_sweep, sorted(sweeps), args.repeats)
+    t0 = time.perf_counter()
+    res = compact(per_sweep)
+    out["compact_sweep_batches"] = {"seconds": time.perf_counter() - t0, "units": res.units,
+                                    "files": len(res.batch.files) if res.batch else 0}
+    out["report_one_sweep"] = time_report(per_sweep, [first], args.repeats)
+    out["report_all_sweeps"] = time_report(per_sweep, sorted(sweeps), args.repeats)
     if args.reference:
-        out["reference_one_sweep"] = time_report(uri, [first], 1, reference=True)
+        out["reference_one_sweep"] = time_report(per_sweep, [first], 1, reference=True)
     return out
 
 
@@ -248,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         local = args.keep or tmp / "lake"
         if args.keep and args.keep.exists():
             shutil.rmtree(args.keep)
-        result["stores"].append(bench_store("local", str(local), str(tmp / "per-trial"), sweeps, total, args))
+        result["stores"].append(bench_store("local", str(local), sweeps, total, args))
         if args.s3:
             sys.path.insert(0, str(ROOT / "tests"))
             from s3server import _stop_pid, start_moto
@@ -262,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 import boto3
 
                 boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket="bench")
-                result["stores"].append(bench_store("s3 (moto_server)", "s3://bench/lake", "s3://bench/per-trial",
-                                                    sweeps, total, args))
+                result["stores"].append(bench_store("s3 (moto_server)", "s3://bench/lake", sweeps, total, args))
             finally:
                 _stop_pid(proc)
                 for k, v in saved.items():
@@ -277,14 +294,19 @@ def main(argv: list[str] | None = None) -> int:
     d = result["data"]
     print(f"{d['node_rows']:,} node rows, {d['trials']:,} trials, {d['sweeps']} sweeps "
           f"({d['tasks_per_sweep']} tasks x {d['configs']} configs x {d['attempts']} attempts); generated in {gen_s:.1f}s")
-    print(f"{'store':18} {'bulk write':>22} {'write_trial (sample)':>30} {'report 1 sweep':>15} {'report all':>12}")
     for s in result["stores"]:
-        b, p = s["bulk_write"], s["per_trial_write"]
-        print(f"{s['store']:18} {b['seconds']:7.1f}s {b['rows_per_s']:>9,.0f} rows/s "
-              f"{p['rows_per_s']:>9,.0f} rows/s ({p['trials_per_s']:5.1f} tr/s) "
-              f"{s['report_one_sweep']['median_s']:14.3f}s {s['report_all_sweeps']['median_s']:11.3f}s")
+        o, b, p = s["write_one_batch"], s["write_sweep_batches"], s["per_trial_write"]
+        print(f"[{s['store']}]")
+        print(f"  write, one batch:          {o['seconds']:7.2f} s ({o['rows_per_s']:,.0f} rows/s, {o['files']} files)")
+        print(f"  write, one batch per sweep:{b['seconds']:7.2f} s ({b['rows_per_s']:,.0f} rows/s, {b['batches']} batches)")
+        print(f"  write_trial per trial:     {p['rows_per_s']:,.0f} rows/s ({p['trials_per_s']:.1f} trials/s)")
+        print(f"  report 1 sweep / all, per-sweep batches: {s['report_one_sweep_sweep_batches']['median_s']:.3f} s / "
+              f"{s['report_all_sweeps_sweep_batches']['median_s']:.3f} s")
+        print(f"  compact the per-sweep batches into one:  {s['compact_sweep_batches']['seconds']:.2f} s")
+        print(f"  report 1 sweep / all, compacted:         {s['report_one_sweep']['median_s']:.3f} s / "
+              f"{s['report_all_sweeps']['median_s']:.3f} s")
         if "reference_one_sweep" in s:
-            print(f"{'':18} reference path, 1 sweep: {s['reference_one_sweep']['median_s']:.3f}s")
+            print(f"  reference path, 1 sweep: {s['reference_one_sweep']['median_s']:.3f}s")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -222,6 +222,10 @@ def _is_lake(x: Any) -> bool:
     return x is None or isinstance(x, (str, Path)) or not hasattr(x, "execute")
 
 
+def _sql_str(x: str) -> str:
+    return "'" + str(x).replace("'", "''") + "'"
+
+
 def _columns(con, view: str) -> set[str]:
     try:
         return {r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()}
@@ -571,16 +575,23 @@ def _agg_from(r: dict[str, Any]) -> Aggregate:
 
 
 def _grouped(tbl, keys: list[str], cols: Sequence[str]) -> dict[tuple, dict[str, Any]]:
-    """{key tuple: {col: sum, 'nodes': rows}}; sums in input order per group (use_threads=False)."""
+    """{key tuple: {col: sum, 'nodes': rows}}; sums in input order per group (use_threads=False).
+    Groups whose last key is NULL are dropped (a node without a backbone, a trial without a domain):
+    grouping them and dropping them after is cheaper than filtering the table first."""
     if tbl.num_rows == 0:
         return {}
-    res = tbl.group_by(keys, use_threads=False).aggregate([(c, "sum") for c in cols] + [(keys[0], "count")])
+    res = tbl.select(list(dict.fromkeys([*keys, *cols]))).group_by(keys, use_threads=False).aggregate(
+        [(c, "sum") for c in cols] + [([], "count_all")])
     kcols = [res.column(k).to_pylist() for k in keys]
-    vals = {c: res.column(f"{c}_sum").to_pylist() for c in cols}
-    counts = res.column(f"{keys[0]}_count").to_pylist()
+    vals = [res.column(f"{c}_sum").to_pylist() for c in cols]
+    counts = res.column("count_all").to_pylist()
     out = {}
     for i, key in enumerate(zip(*kcols)):
-        out[key] = {"nodes": counts[i], **{c: vals[c][i] for c in cols}}
+        if key[-1] is None:
+            continue
+        d = dict(zip(cols, (v[i] for v in vals)))
+        d["nodes"] = counts[i]
+        out[key] = d
     return out
 
 
@@ -611,30 +622,36 @@ def _sql_report(con, sweeps: Sequence[str], pass_threshold: float) -> SweepRepor
         traj = "trajectory" in have_t
         if con.execute(f"SELECT count(*) - count(DISTINCT (sweep_id, trial_id)) FROM {_T}").fetchone()[0]:
             return None  # the reference keeps the last row of a duplicated trial: let it
-        con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {_N}_raw AS SELECT COLUMNS(c -> c IN ({want_n})) "
-                    f"FROM node_results WHERE sweep_id IN ({marks})", list(sweeps))
+        con.execute(f"CREATE OR REPLACE TEMPORARY VIEW {_N}_raw AS SELECT COLUMNS(c -> c IN ({want_n})) "
+                    "FROM node_results LIMIT 0")
         if not set(NODE_COLUMNS) <= _columns(con, f"{_N}_raw"):
             return None
+        import pyarrow as pa
+
+        con.register(f"{_N}_sweeps", pa.table({"sweep_id": pa.array(list(sweeps), pa.string())}))
         voided = f"coalesce(t.outcome = 'voided_cheat', false) AND st0 NOT IN {_EXCL_SQL}"
         con.execute(
             f"CREATE OR REPLACE TEMPORARY TABLE {_N} AS "
             "WITH s AS (SELECT sweep_id, trial_id, node_id, node_index, category, method, complexity_tier, "
-            f"score, max_score, message, coalesce(nullif(status, ''), 'ERROR') AS st0 FROM {_N}_raw) "
+            f"score, max_score, message, coalesce(nullif(status, ''), 'ERROR') AS st0 FROM node_results "
+            f"WHERE sweep_id IN ({', '.join(_sql_str(x) for x in sweeps)})) "
             "SELECT t.tord, s.node_index, s.node_id, coalesce(s.category, '') AS cat, s.complexity_tier AS tier, "
             "coalesce(s.method, '') = 'llm-judge' AS llm, s.message, st0, "
             f"CASE WHEN {voided} THEN 'FAILED' ELSE st0 END AS st, "
             f"CASE WHEN {voided} THEN 0.0 ELSE coalesce(s.score, 0.0) END AS sc, "
             f"coalesce(s.max_score, 0.0) AS mx, st0 IN {_EXCL_SQL} AS excl "
             f"FROM s LEFT JOIN {_T} t ON t.sweep_id = s.sweep_id AND t.trial_id = s.trial_id")
-        con.execute(f"DROP TABLE {_N}_raw")
+        con.execute(f"DROP VIEW {_N}_raw")
+        con.unregister(f"{_N}_sweeps")
         known = ", ".join(f"'{s}'" for s in _ST)
         orphans, bad = con.execute(f"SELECT count_if(tord IS NULL), count_if(st0 NOT IN ({known})) FROM {_N}").fetchone()
         if bad:
             return None  # Status(...) raises on it in the reference path: let it
-        return _sql_compute(con, sweeps, pass_threshold, traj, orphans)
+        return _sql_compute(con, sweeps, pass_threshold, traj, orphans or 0)  # count_if over no rows is NULL
     finally:
-        for name in (_T, _N, f"{_N}_raw", _BB, _C):
+        for name in (_T, _N, _BB, _C):
             con.execute(f"DROP TABLE IF EXISTS {name}")
+        con.execute(f"DROP VIEW IF EXISTS {_N}_raw")
 
 
 def _sql_compute(con, sweeps: Sequence[str], pass_threshold: float, traj: bool, orphans: int) -> SweepReport:
@@ -711,8 +728,7 @@ def _sql_compute(con, sweeps: Sequence[str], pass_threshold: float, traj: bool, 
         for (cfg,), v in _grouped(tbl, ["cfg"], _SUMS).items():
             pooled[(scope, cfg, "total", "")] = v
         for col, kind in kinds:
-            sel = tbl.filter(pc.is_valid(tbl.column(col)))
-            for (cfg, key), v in _grouped(sel, ["cfg", col], _SUMS).items():
+            for (cfg, key), v in _grouped(tbl, ["cfg", col], _SUMS).items():
                 pooled[(scope, cfg, kind, key)] = v
     for (scope, cfg, kind, key), v in list(pooled.items()):
         if scope == "all" and cfg not in split:
@@ -721,11 +737,12 @@ def _sql_compute(con, sweeps: Sequence[str], pass_threshold: float, traj: bool, 
     # per (trial, group): the trial's group percent, appended in trial order (macro breakdowns)
     macro: dict[tuple[str, int, str, Any], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for col, kind in kinds[:3]:
-        sel = nodes.filter(pc.is_valid(nodes.column(col)))
-        for (tord, key), v in sorted(_grouped(sel, ["tord", col], ("ks", "km")).items(), key=lambda kv: kv[0][0]):
-            pct = _pct(v["ks"], v["km"])
-            if pct is None:
-                continue
+        res = nodes.select(["tord", col, "ks", "km"]).group_by(["tord", col], use_threads=False).aggregate(
+            [("ks", "sum"), ("km", "sum")])
+        res = res.filter(pc.and_(pc.is_valid(res.column(col)), pc.greater(res.column("km_sum"), 0)))
+        res = res.take(pc.sort_indices(res, [("tord", "ascending")]))  # trial order; stable within a trial
+        for tord, key, ks, km in zip(*(res.column(c).to_pylist() for c in ("tord", col, "ks_sum", "km_sum"))):
+            pct = round(100 * ks / km, 2)
             t = trials[tord]
             macro[("all", t.cfg, kind, key)][t.row["task_id"]].append(pct)
             if t.score.valid:
