@@ -38,8 +38,8 @@ calls asked for, tokens in/out from ``usage``, latency, attempts), ``retry``, ``
 ``api_key_env`` at call time and never written to events (it is also redacted from any text
 that is recorded).
 
-Configuration: constructor keywords, else these environment variables (how
-:func:`saasbench.trial.run_local_trial`, which only takes an agent name, configures it):
+Configuration: constructor keywords (``saasbench.trial.resolve_agent`` passes the trial's
+``--model``), else these environment variables:
 
 ===================================  ==========================================================
 ``SAASBENCH_AGENT_MODEL``            litellm model string (required)
@@ -144,6 +144,10 @@ def cap_text(text: str, limit: int) -> str:
 class BuiltinAgent(Agent):
     """A tool-using loop on litellm (shell, read/write/edit file, finish) for any model, with budgets."""
     version = "1"
+    #: A :class:`saasbench.gateway.TrialGateway` (set by ``Gateway.attach``): then every call goes to the
+    #: gateway's OpenAI-compatible ``/v1`` as ``openai/<model>`` with the trial's virtual key, and the
+    #: agent does not retry itself (the gateway retried already).
+    gateway: Any = None
 
     def __init__(self, model: str | None = None, *, api_base: str | None = None, api_key_env: str | None = None,
                  retries: int = 5, backoff_base_s: float | None = None, backoff_cap_s: float | None = None,
@@ -230,6 +234,8 @@ class BuiltinAgent(Agent):
 
     # --- model calls ------------------------------------------------------------------------------------
     def _api_key(self) -> str | None | _Stop:
+        if self.gateway is not None:
+            return self.gateway.api_key
         name = self.api_key_env
         if name is None:
             return "no-key" if self.api_base else None
@@ -237,6 +243,10 @@ class BuiltinAgent(Agent):
         if not value.strip():
             return _Stop("agent_error", f"API key variable {name} is unset or empty")
         return value
+
+    def _call_model(self) -> str | None:
+        """The model string for litellm: through a gateway, its OpenAI-compatible provider and the model's name."""
+        return f"openai/{self.model}" if self.gateway is not None else self.model
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         wait = self.backoff_base_s * (2 ** attempt)
@@ -246,6 +256,7 @@ class BuiltinAgent(Agent):
 
     def _model_turn(self, traj: Trajectory, messages: list[dict[str, Any]], budget: Budget, secret: str | None) -> dict[str, Any]:
         from saasbench.judge import _litellm, classify
+        from saasbench.limits import llm_provider, llm_slot
 
         completion = self._completion or _litellm().completion
         attempts = 0
@@ -254,17 +265,20 @@ class BuiltinAgent(Agent):
             remaining = budget.wall_s - traj.elapsed()
             if remaining <= 0:
                 raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up during a model call")
-            kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "tools": TOOLS, "tool_choice": "auto",
+            kwargs: dict[str, Any] = {"model": self._call_model(), "messages": messages, "tools": TOOLS, "tool_choice": "auto",
                                       "temperature": 0, "max_tokens": self.max_tokens,
                                       "timeout": min(self.request_timeout_s, remaining), "num_retries": 0, "max_retries": 0,
                                       "drop_params": True}
-            if self.api_base:
+            if self.gateway is not None:
+                kwargs["api_base"] = self.gateway.openai_base_url
+            elif self.api_base:
                 kwargs["api_base"] = self.api_base
             if secret is not None:
                 kwargs["api_key"] = secret
             attempts += 1
             try:
-                response = completion(**kwargs)
+                with llm_slot(llm_provider(self.model)):  # LLM calls at once per provider (saasbench.limits)
+                    response = completion(**kwargs)
             except Exception as exc:  # noqa: BLE001 - litellm maps provider errors onto openai-style exceptions
                 err = classify(exc)
                 text = _redact(str(err), secret)
@@ -272,7 +286,7 @@ class BuiltinAgent(Agent):
                     raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up during a model call ({text})") from None
                 if not err.transient:
                     raise _Stop("agent_error", f"model call failed (not retried): {text}") from None
-                if attempts > self.retries:
+                if attempts > (0 if self.gateway is not None else self.retries):
                     raise _Stop("agent_error", f"model call failed after {attempts} attempt(s): {text}") from None
                 wait = self._backoff(attempts - 1, err.retry_after)
                 traj.event("retry", text[:EVENT_TEXT_LIMIT], attempt=attempts, wait_s=round(wait, 3))

@@ -30,6 +30,7 @@ CLAUDE_CODE_VERSION = "2.1.197"  # verified here (agent-feasibility.md); the pap
 class ClaudeCodeAgent(CLIAgent):
     version = CLAUDE_CODE_VERSION
     stream_format = "claude"
+    gateway_api = "anthropic"  # ANTHROPIC_BASE_URL is the gateway's root: the CLI appends /v1/messages
     default_model = "claude-sonnet-4-5"
     events_file = "claude_events.jsonl"
     package = CLAUDE_CODE_PACKAGE

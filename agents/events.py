@@ -532,9 +532,14 @@ class CLIAgent(Agent):
     one), ``bin_dir`` (prepended to PATH, e.g. an npm prefix's ``bin``), ``artefacts_dir``
     (host folder for the raw stream; default: the environment's state folder).
     Host variables ``SAASBENCH_AGENT_MODEL``/``_BASE_URL``/``_API_KEY`` are the fallbacks.
+    With a model gateway attached (``gateway``, a :class:`saasbench.gateway.TrialGateway`, set by
+    :meth:`saasbench.gateway.Gateway.attach`), :meth:`run` uses the gateway's URL (a relay into the
+    trial network for non-local environments) and the trial's virtual key instead.
     """
 
     stream_format: ClassVar[str] = "generic"
+    gateway_api: ClassVar[str] = "openai"  # which protocol the CLI speaks to the gateway: openai | anthropic
+    gateway: Any = None
     default_model: ClassVar[str] = ""
     events_file: ClassVar[str] = "events.jsonl"
     package: ClassVar[str] = ""
@@ -597,6 +602,13 @@ class CLIAgent(Agent):
         return path
 
     def run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:
+        if self.gateway is None:
+            return self._run(prompt, env, budget)
+        with self.gateway.open(env) as endpoint:  # a relay into the trial network lives as long as the rollout
+            self.base_url, self.api_key = endpoint.base_url(self.gateway_api), endpoint.api_key
+            return self._run(prompt, env, budget)
+
+    def _run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:
         traj = self.new_trajectory(self.model)
         run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + _secrets.token_hex(3)
         key = self.api_key or "sk-saasbench-" + _secrets.token_urlsafe(24)

@@ -148,6 +148,8 @@ def test_schema_has_the_issue_columns():
         "reference_validations": {"task_id", "run_id", "node_id", "repeats", "passed", "pass_rate", "verdict"},
         "judge_calls": {"trial_id", "judge_model", "prompt_hash", "raw_reply", "score"},
         "env_builds": {"task_id", "image_tag", "cache_hit"},
+        "model_calls": {"trial_id", "model_group", "status", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
+                        "attempts", "error_class"},
     }
     assert set(S.TABLES) == set(want)
     for name, cols in want.items():

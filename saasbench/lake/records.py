@@ -3,6 +3,7 @@
 * :func:`trial_rows` — a RunReport (+ trial metadata, trajectory, judge calls, env builds) into a
   :class:`~saasbench.lake.writer.TrialRows` for every per-trial table;
 * :func:`from_trial_result` — the same from a :class:`saasbench.trial.TrialResult` and a task;
+* :func:`model_call_rows` — ``model_calls`` rows from the model gateway's per-request records;
 * :func:`sweep_row` — the ``sweeps`` row (configuration JSON with secrets removed);
 * :func:`validation_rows` — ``reference_validations`` rows from a ValidationReport.
 
@@ -253,9 +254,31 @@ def env_build_rows(info: TrialInfo, builds: Iterable[Mapping[str, Any]]) -> list
     return out
 
 
+def model_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any]]:
+    """``model_calls`` rows from the gateway's :class:`saasbench.gateway.ModelCall` records (or dicts
+    with the same fields), one per agent request, in order."""
+    out = []
+    for i, c in enumerate(calls):
+        waits = _get(c, "retry_wait_s") or []
+        out.append({
+            **info.key(), "call_index": i, "call_id": _get(c, "call_id"), "session": _get(c, "session"),
+            "model_group": _get(c, "model_group"), "provider_model": _get(c, "provider_model"),
+            "api_base": _get(c, "api_base"), "call_type": _get(c, "call_type"), "stream": _get(c, "stream"),
+            "status": _get(c, "status"), "error_class": _get(c, "error_class"),
+            "error": cap(_get(c, "error"), S.CONTENT_CAP), "http_status": _get(c, "http_status"),
+            "tokens_in": _get(c, "prompt_tokens"), "tokens_out": _get(c, "completion_tokens"),
+            "cost_usd": _get(c, "cost_usd"), "started_at": utc(_get(c, "started_at")),
+            "ended_at": utc(_get(c, "ended_at")), "latency_ms": _get(c, "latency_ms"),
+            "attempts": _get(c, "attempts"), "retry_wait_s": float(sum(waits)),
+            "retried_errors": [str(e) for e in _get(c, "retried_errors") or []],
+        })
+    return out
+
+
 def trial_rows(info: TrialInfo, report: Any = None, *, trajectory: Any = None, judge_calls: Sequence[Any] = (),
-               env_builds: Iterable[Mapping[str, Any]] = ()) -> TrialRows:
-    """All rows of one trial. ``report`` may be None (the trial failed before evaluation)."""
+               env_builds: Iterable[Mapping[str, Any]] = (), model_calls: Iterable[Any] = ()) -> TrialRows:
+    """All rows of one trial. ``report`` may be None (the trial failed before evaluation);
+    ``model_calls`` are the trial's requests through the model gateway (``Gateway.calls``)."""
     judge_calls = list(judge_calls)
     nodes, steps = node_rows(info, report) if report is not None else ([], [])
     return TrialRows(info.sweep_id, info.trial_id, info.task_id, {
@@ -265,29 +288,35 @@ def trial_rows(info: TrialInfo, report: Any = None, *, trajectory: Any = None, j
         "judge_calls": judge_call_rows(info, judge_calls),
         "env_builds": env_build_rows(info, env_builds),
         "trajectory_events": trajectory_rows(info, trajectory) if trajectory is not None else [],
+        "model_calls": model_call_rows(info, model_calls),
     })
 
 
 def from_trial_result(result: Any, *, sweep_id: str, trial_id: str, task: Any = None, model: str | None = None,
                       attempt: int = 0, outcome: str | None = None, outcome_detail: str | None = None,
                       started_at: Any = None, ended_at: Any = None, judge_calls: Sequence[Any] = (),
-                      env_builds: Iterable[Mapping[str, Any]] = (), report_uri: str | None = None) -> TrialRows:
+                      env_builds: Iterable[Mapping[str, Any]] = (), report_uri: str | None = None,
+                      model_calls: Iterable[Any] = ()) -> TrialRows:
     """Rows of a :class:`saasbench.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
-    domain, tier); ``outcome`` defaults to the trajectory's exit reason (agent outcomes only: infra
-    outcomes are decided by whoever raised them and passed in)."""
+    domain, tier); ``outcome`` defaults to ``voided_cheat`` when the trial voided the rollout, else to
+    the trajectory's exit reason (agent outcomes only: infra outcomes are decided by whoever raised
+    them and passed in); ``outcome_detail`` to the result's (the evidence of a voided trial)."""
     spec = getattr(task, "spec", task)
     traj = result.trajectory
-    report = result.report
+    report = getattr(result, "report", None)
     task_id = _get(spec, "id") or _get(report, "task_id")
+    voided = getattr(result, "outcome", None) == "voided_cheat"
     info = TrialInfo(
         sweep_id=sweep_id, trial_id=trial_id, task_id=task_id, agent=result.agent,
         model=model if model is not None else _get(traj, "model"), attempt=attempt,
-        outcome=outcome or _get(traj, "exit_reason") or "completed", outcome_detail=outcome_detail,
+        outcome=outcome or ("voided_cheat" if voided else None) or _get(traj, "exit_reason") or "completed",
+        outcome_detail=outcome_detail if outcome_detail is not None else getattr(result, "outcome_detail", None),
         category=_get(spec, "category") or None, domain=_get(spec, "domain"),
         complexity_tier=_get(spec, "complexity_tier"), started_at=started_at, ended_at=ended_at,
-        app_ok=result.app_ok, app_error=result.app_error, report_uri=report_uri,
+        app_ok=getattr(result, "app_ok", None), app_error=getattr(result, "app_error", None), report_uri=report_uri,
     )
-    return trial_rows(info, report, trajectory=traj, judge_calls=judge_calls, env_builds=env_builds)
+    return trial_rows(info, report, trajectory=traj, judge_calls=judge_calls, env_builds=env_builds,
+                      model_calls=model_calls)
 
 
 def sweep_row(sweep_id: str, *, config: Any = None, name: str | None = None, created_at: Any = None,

@@ -9,7 +9,7 @@ relation of the current schema).
 Layout (keys relative to the lake root; ids are path-safe, see :func:`check_id`)::
 
     sweeps/sweep_id=<s>/part-<s>.<gen>.parquet
-    trials|node_results|step_results|judge_calls|env_builds|trajectory_events/
+    trials|node_results|step_results|judge_calls|env_builds|trajectory_events|model_calls/
         sweep_id=<s>/task_id=<t>/part-<trial_id>.<gen>.parquet
     reference_validations/task_id=<t>/part-<run_id>.<gen>.parquet
     _commits/sweep_id=<s>/_sweep.json                  commit marker of the sweep row
@@ -234,6 +234,30 @@ TRAJECTORY_EVENTS = pa.schema(_TRIAL_KEY + [
     _f("data_json", S, "Other event data as JSON, capped at DATA_CAP"),
 ])
 
+MODEL_CALLS = pa.schema(_TRIAL_KEY + [
+    _f("call_index", I32, "Order of the request within the trial", False),
+    _f("call_id", S, "litellm call id (x-litellm-call-id)"),
+    _f("session", S, "Gateway session of the trial attempt (one virtual key each)"),
+    _f("model_group", S, "Model name the agent asked the gateway for"),
+    _f("provider_model", S, "litellm provider/model that served it"),
+    _f("api_base", S, "Provider base URL"),
+    _f("call_type", S, "litellm call type (acompletion, aresponses, anthropic_messages, ...)"),
+    _f("stream", B, "Streamed answer"),
+    _f("status", S, "success | failure (after the gateway's retries)", False),
+    _f("error_class", S, "Exception class of the failure"),
+    _f("error", S, "Error text of the failure"),
+    _f("http_status", I32, "HTTP status of the failure"),
+    _f("tokens_in", I64, "Prompt tokens"),
+    _f("tokens_out", I64, "Completion tokens"),
+    _f("cost_usd", F64, "Cost in USD (configured per-token prices, else litellm's cost map)"),
+    _f("started_at", _ts(), "First attempt start (UTC)"),
+    _f("ended_at", _ts(), "Last attempt end (UTC)"),
+    _f("latency_ms", F64, "ended_at - started_at, retries and their waits included"),
+    _f("attempts", I32, "Upstream attempts (1 + retries)"),
+    _f("retry_wait_s", F64, "Total seconds waited between attempts"),
+    _f("retried_errors", pa.list_(S), "Exception class of each retried attempt"),
+])
+
 REFERENCE_VALIDATIONS = pa.schema([
     _f("task_id", S, "Task id", False),
     _f("run_id", S, "Validation run id", False),
@@ -282,6 +306,7 @@ TABLES: dict[str, TableDef] = {t.name: t for t in [
     TableDef("judge_calls", JUDGE_CALLS, "trial", ("sweep_id", "task_id"), "One row per LLM-judge call (vote)"),
     TableDef("env_builds", ENV_BUILDS, "trial", ("sweep_id", "task_id"), "Image builds / cache hits of a trial's environment"),
     TableDef("trajectory_events", TRAJECTORY_EVENTS, "trial", ("sweep_id", "task_id"), "Agent trajectory events"),
+    TableDef("model_calls", MODEL_CALLS, "trial", ("sweep_id", "task_id"), "One row per agent request through the model gateway"),
     TableDef("reference_validations", REFERENCE_VALIDATIONS, "validation", ("task_id",), "One row per node per validate-reference run"),
 ]}
 
