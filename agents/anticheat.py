@@ -2,12 +2,45 @@
 
 The prompt (paper, Appendix C.1) forbids cloning, copying or importing an existing codebase;
 a trajectory that fetches external source repositories scores 0. :func:`scan_trajectory`
-looks at the shell commands of a :class:`~saasbench.agents.base.Trajectory` (events of kind
-``tool_call``/``command`` whose tool is a shell: ``shell``, ``exec``, ``bash``, ...; the
-command is ``data["args"]["command"]``, ``data["command"]`` or the event message) and
-optionally at the content of files the agent wrote (``write_file``/``edit_file`` arguments as
-recorded, i.e. capped). :func:`void_if_cheating` returns ``(voided, findings)``: voided when a
-finding has severity ``void``. Findings of severity ``warn`` are for a human to look at.
+looks at what the agent *ran* and at the files it *wrote and then ran*;
+:func:`void_if_cheating` returns ``(voided, findings)``: voided when a finding has severity
+``void``. Findings of severity ``warn`` are for a human to look at.
+
+What is scanned, per source (the rules below apply to each):
+
+- **Shell commands**: events of kind ``tool_call``/``command`` whose tool is a shell (``shell``
+  — the builtin agent and Codex ``command_execution`` —, ``Bash`` of Claude Code, ``terminal``/
+  ``execute_bash`` of OpenHands, ``exec`` of the oracle, ...); the command is
+  ``data["args"]["command"]``, ``data["command"]`` or the event message. The whole command text
+  counts (inline ``python3 -c``/``node -e`` code included), except the bodies of heredocs that
+  only write a file (``cat > f <<EOF``, ``tee f <<EOF``, ``apply_patch <<EOF``): those bodies
+  are file writes (next point). A heredoc fed to any other program (``bash <<EOF``,
+  ``python3 - <<EOF``) is run, so its body stays part of the command.
+- **Written files** (:func:`file_writes`): the builtin agent's ``write_file``/``edit_file``;
+  Claude Code's ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``; OpenHands'
+  ``file_editor``/``str_replace_editor`` (``create``, ``str_replace``, ``insert``); Codex's
+  ``apply_patch`` patches (as a tool or a shell heredoc; the ``+`` lines) and ``file_change``
+  items (paths only: Codex's ``--json`` stream carries no content); shell heredocs as above.
+  The rule: **a written file counts only when it is run afterwards**. A file is run when a later
+  shell command (or the same one, after the heredoc) executes it by name — ``./f.sh``,
+  ``bash f.sh``, ``sh -c '...'``, ``python3 dir/f.py``, ``python -m f``, ``node f.js``,
+  ``source f``, ``docker exec C bash -c '...'``, behind ``sudo``/``env``/``timeout``/``uv run``
+  /``npx`` — or by the tool that runs it: ``make`` (Makefile), ``npm``/``yarn``/``pnpm``/``bun``
+  (package.json scripts), ``docker build``/``docker compose`` (Dockerfile, compose files),
+  ``pip install .`` (setup.py). Files are matched by base name, and a write is in effect until
+  the next whole-file write of the same name. The content is scanned line by line (backslash
+  continuations joined, comment lines — ``#`` but not ``#!``, ``//``, ``/*``, ``* `` — skipped; a
+  downloader and its URL must share a line; ``["git", "clone", URL]`` argument lists read as
+  ``git clone URL``). Findings in a file that is run keep their severity (``void`` for a clone);
+  in a script (``.sh``, ``.py``, ``.js``, ..., Makefile, package.json, Dockerfile, a ``#!`` line)
+  that is never run they are downgraded to ``warn``; in any other file (README, docs, HTML, a
+  ``git clone`` line in prose) they are dropped. When a run file's recorded content is missing
+  (Codex) or capped (arguments are cut at a few KB per event), the trial passes ``read_file``
+  and the file's final content in the workspace is scanned instead (source ``workspace:<path>``).
+- **Evaluator access**: with ``forbidden_paths`` (the trial passes the task folder on the host:
+  ``dag.json``, ``reference/``), any shell or tool call that names such a path is an
+  ``evaluator_access`` finding (``void``). Only relevant to the local backend: the Docker
+  backend mounts only the workspace, so those files do not exist in the container.
 
 Detected (severity ``void``):
 
@@ -33,25 +66,34 @@ hosts in ``allowed_hosts`` (nodejs.org, python.org, go.dev, ...), any URL on loc
 private 10.x/192.168.x address (e.g. ``curl http://127.0.0.1:8080/api/health`` to the app itself).
 
 Not detected: obfuscated or indirect commands (base64-encoded scripts, variables assembling a
-URL, ``eval`` of built strings), code written to a file and run later unless file scanning is
-on (and then only within the recorded, capped content), downloads by programs whose source
-the scanner does not see, copying from a pre-populated cache or a host folder, source fetched
-through a package registry (e.g. ``pip download`` of an unrelated project is only a warning),
-and code reproduced from the model's memory. It is a regex heuristic over recorded text, not a
-network monitor; a network policy in the environment is the real enforcement.
+URL, ``eval`` of built strings); a written file run indirectly (imported by another module,
+run by a test runner, a cron entry or a process manager, renamed before running, run through a
+name that does not match), or a fetch split over several lines of a written file; writes made
+by a program the agent ran (e.g. a generator that writes a script) unless the run script is
+itself recorded; downloads by programs whose source the scanner does not see; copying from a
+pre-populated cache or a host folder; source fetched through a package registry (``pip
+download`` of an unrelated project is only a warning); and code reproduced from the model's
+memory. A ``git clone`` written with ``echo`` or ``printf`` into a file is part of a shell
+command and therefore counts even if never run (only heredoc bodies are treated as file
+content). It is a regex heuristic over recorded text, not a network monitor; a network policy
+in the environment is the real enforcement.
 
-Integrity: :func:`hash_paths` hashes evaluator files (a dict path -> sha256, None when
-missing) before and after the rollout; :func:`integrity_findings` turns differences into
-``evaluator_modified`` findings (severity ``void``).
+Integrity: :func:`hash_paths` hashes workspace paths (a dict path -> sha256, None when missing)
+after the harness prepared the workspace and again after the rollout;
+:func:`integrity_findings` turns differences into findings (``evaluator_modified``, severity
+``void`` by default; the trial uses ``warn`` for the staged PRD/KB copies, see
+:func:`saasbench.trial.integrity_targets`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import posixpath
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +101,24 @@ from urllib.parse import urlsplit
 
 SHELL_TOOLS = frozenset({"shell", "exec", "bash", "execute_bash", "run", "run_command", "terminal", "cmd", "sh"})
 SHELL_EVENT_KINDS = frozenset({"tool_call", "command"})
-FILE_TOOLS = frozenset({"write_file", "edit_file", "create_file", "str_replace", "file_write"})
+# File-writing tools, lower-cased, as the adapters record them (events.py / builtin.py):
+#   builtin      write_file(path, content), edit_file(path, old, new)
+#   Claude Code  Write(file_path, content), Edit(file_path, old_string, new_string),
+#                MultiEdit(file_path, edits[].new_string), NotebookEdit(notebook_path, new_source)
+#   OpenHands    file_editor / str_replace_editor(command create|str_replace|insert, path, file_text|new_str)
+#   Codex        file_change(changes[].path, kind[, diff]): the --json stream carries no content;
+#                apply_patch(input: "*** Begin Patch ..." text)
+FILE_TOOLS = frozenset({"write_file", "edit_file", "create_file", "str_replace", "file_write", "write", "edit", "multiedit",
+                        "notebookedit", "file_editor", "str_replace_editor", "file_change", "apply_patch"})
+# Files that run when a build/package tool runs, not by their own name.
+_RUN_BY_TOOL = {
+    "make": ("Makefile", "makefile", "GNUmakefile"),
+    "npm": ("package.json",), "yarn": ("package.json",), "pnpm": ("package.json",), "bun": ("package.json",),
+    "docker-compose": ("docker-compose.yml", "docker-compose.yaml", "compose.yml", "compose.yaml", "Dockerfile"),
+    "pip": ("setup.py",), "pip3": ("setup.py",),
+}
+_SCRIPT_EXT = re.compile(r"\.(?:sh|bash|zsh|ksh|py|pyw|js|mjs|cjs|ts|mts|rb|pl|php|ps1|bat|cmd|lua|r)$", re.IGNORECASE)
+_SCRIPT_NAMES = frozenset(n for names in _RUN_BY_TOOL.values() for n in names) | {"Dockerfile", "Procfile", "Rakefile"}
 
 DEFAULT_ALLOWED_HOSTS = frozenset({
     "nodejs.org", "www.python.org", "python.org", "go.dev", "golang.org", "dl.google.com", "static.rust-lang.org",
@@ -80,8 +139,8 @@ _GIT = re.compile(r"\bgit\s+(?:(?:-C|-c|--git-dir|--work-tree)\s+\S+\s+|--[\w-]+
                   r"(clone|submodule\s+add|fetch|pull|remote\s+add)\b([^\n;&|]*)")
 _GH_CLONE = re.compile(r"\bgh\s+repo\s+(clone|fork)\b([^\n;&|]*)")
 _SVN_HG = re.compile(r"\b(svn\s+(?:checkout|co|export)|hg\s+clone)\b([^\n;&|]*)")
-_DOWNLOADER = re.compile(r"\b(curl|wget|aria2c|urllib|urlretrieve|urlopen|requests\.get|httpx\.get|Invoke-WebRequest|iwr|fetch\()",
-                         re.IGNORECASE)
+_DOWNLOADER = re.compile(r"\b(?:(?:curl|wget|aria2c|urllib|urlretrieve|urlopen|requests\.get|httpx\.get|Invoke-WebRequest|iwr)\b"
+                         r"|fetch\()", re.IGNORECASE)
 _DOCKER_VALUE_FLAGS = frozenset({
     "-p", "--publish", "-e", "--env", "--env-file", "-v", "--volume", "--mount", "--name", "--network", "--net", "-w",
     "--workdir", "-u", "--user", "--entrypoint", "--platform", "-m", "--memory", "--cpus", "-l", "--label", "-h",
@@ -93,6 +152,7 @@ _NPM_PACK = re.compile(r"\bnpm\s+pack\b[^\n;&|]*")
 _PIP_GIT = re.compile(r"\bpip3?\s+install\b[^\n;&|]*\bgit\+\S+")
 _NPM_GIT = re.compile(r"\b(?:npm|yarn|pnpm)\s+(?:install|i|add)\b[^\n;&|]*\s(?:github:|git\+|git://|https://github\.com/)\S*")
 _ARCHIVE_EXT = re.compile(r"\.(?:tar\.gz|tgz|tar\.bz2|tbz2?|tar\.xz|txz|tar\.zst|tar|zip|7z|rar)$", re.IGNORECASE)
+_ARGV_JOIN = re.compile(r"""(?<=[\w.-])['"]\s*,\s*['"](?=[\w.:/-])""")
 _REMOTE_GIT_TARGET = re.compile(r"(?:[a-z][a-z0-9+.-]*://|git@[\w.-]+:|\S+\.git\b)", re.IGNORECASE)
 
 
@@ -137,19 +197,256 @@ def shell_commands(trajectory: Any) -> list[tuple[int, str]]:
     return out
 
 
-def written_files(trajectory: Any) -> list[tuple[int, str, str]]:
-    """(event index, path, text) of file contents the agent wrote, as recorded."""
+@dataclass
+class FileWrite:
+    """One write of a file by the agent, as recorded in its trajectory."""
+
+    index: int  # event index
+    path: str
+    text: str | None  # what was written (a whole file or an edit's new text); None: not in the stream (Codex)
+    full: bool  # replaces the whole file (Write, create, heredoc ``>``) rather than editing part of it
+    via: str  # the tool, ``heredoc`` or ``apply_patch``
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.replace("\\", "/").rstrip("/"))
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _patch_writes(index: int, patch: str, via: str) -> list[FileWrite]:
+    """Files of a Codex ``*** Begin Patch`` text: the ``+`` lines of each added or updated file."""
+    out: list[FileWrite] = []
+    path, full, lines = None, False, []
+
+    def flush() -> None:
+        if path is not None:
+            out.append(FileWrite(index, path, "\n".join(lines), full, via))
+
+    for line in patch.splitlines():
+        m = re.match(r"\*\*\* (Add|Update|Delete) File:\s*(.+?)\s*$", line)
+        if m:
+            flush()
+            path, full, lines = (None if m.group(1) == "Delete" else m.group(2)), m.group(1) == "Add", []
+        elif line.startswith("*** Move to:") and path is not None:
+            path = line.split(":", 1)[1].strip()
+        elif line.startswith("+") and not line.startswith("+++"):
+            lines.append(line[1:])
+    flush()
+    return out
+
+
+def _diff_added(diff: str) -> str:
+    return "\n".join(line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
+
+
+def _call_writes(index: int, tool: str, args: Mapping[str, Any]) -> list[FileWrite]:
+    t = tool.lower()
+    path = str(args.get("path") or args.get("file_path") or args.get("notebook_path") or "")
+    if t in ("write_file", "create_file", "file_write", "write"):
+        return [FileWrite(index, path, _text(args.get("content")), True, tool)]
+    if t in ("edit_file", "str_replace", "edit"):
+        new = next((args[k] for k in ("new", "new_string", "new_str") if k in args), None)
+        return [FileWrite(index, path, _text(new), False, tool)]
+    if t == "multiedit":
+        edits = args.get("edits") if isinstance(args.get("edits"), list) else []
+        new = "\n".join(str(e.get("new_string") or "") for e in edits if isinstance(e, Mapping))
+        return [FileWrite(index, path, new, False, tool)]
+    if t == "notebookedit":
+        return [FileWrite(index, path, _text(args.get("new_source")), False, tool)]
+    if t in ("file_editor", "str_replace_editor"):
+        command = str(args.get("command") or "")
+        if command == "create":
+            return [FileWrite(index, path, _text(args.get("file_text")), True, tool)]
+        if command in ("str_replace", "insert"):
+            return [FileWrite(index, path, _text(args.get("new_str")), False, tool)]
+        return []  # view, undo_edit
+    if t == "file_change":
+        out = []
+        for change in args.get("changes") or []:
+            if not isinstance(change, Mapping) or change.get("kind") == "delete" or not change.get("path"):
+                continue
+            diff = next((change[k] for k in ("diff", "unified_diff", "content") if isinstance(change.get(k), str)), None)
+            text = (_diff_added(diff) if change.get("content") is None else diff) if diff else None
+            out.append(FileWrite(index, str(change["path"]), text, change.get("kind") == "add", tool))
+        return out
+    if t == "apply_patch":
+        patch = args.get("input") or args.get("patch") or args.get("content") or ""
+        return _patch_writes(index, str(patch), tool)
+    return []
+
+
+# Heredocs in shell commands: ``cat > f <<'EOF'`` / ``tee f <<EOF`` write a file (data until run),
+# ``apply_patch <<'EOF'`` applies a Codex patch; any other consumer (``bash <<EOF``, ``python3 - <<EOF``,
+# ``psql <<EOF``) runs the body, which then stays part of the scanned command.
+_HEREDOC = re.compile(r"<<(-?)\s*['\"\\]*([A-Za-z_][\w.-]*)")
+_CAT_TO_FILE = re.compile(r"(?:^|[;&(]\s*|\s)cat\b[^|;&]*?(?<![0-9&<])>{1,2}\s*['\"]?([^\s;&|<>'\"]+)")
+_TEE_TO_FILE = re.compile(r"\btee\s+(?:-a\s+|--append\s+)?['\"]?([^\s;&|<>'\"]+)")
+
+
+def _heredoc_target(line: str) -> str | None:
+    """The file a heredoc on ``line`` is written to (``cat >``/``tee``), or None when it is fed to a program."""
+    tee = _TEE_TO_FILE.search(line)
+    if tee and "|" not in line[tee.end():]:
+        return tee.group(1)
+    cat = _CAT_TO_FILE.search(line)
+    if cat and "|" not in line:
+        return cat.group(1)
+    return None
+
+
+def split_shell_writes(cmd: str, index: int = 0) -> tuple[str, list[FileWrite]]:
+    """(the command without the bodies of heredocs that only write files, those writes)."""
+    if "<<" not in cmd:
+        return cmd, []
+    lines = cmd.split("\n")
+    code: list[str] = []
+    writes: list[FileWrite] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = _HEREDOC.search(line)
+        if not m or m.group(0).startswith("<<<"):
+            code.append(line)
+            i += 1
+            continue
+        delim, strip_tabs = m.group(2), m.group(1) == "-"
+        j = i + 1
+        while j < len(lines):
+            end = lines[j].lstrip("\t") if strip_tabs else lines[j]
+            if end.strip().rstrip("'\")") == delim:
+                break
+            j += 1
+        body = "\n".join(lines[i + 1:j])
+        if re.search(r"\bapply_patch\b", line) or body.lstrip().startswith("*** Begin Patch"):
+            writes += _patch_writes(index, body, "apply_patch")
+            code.append(line)
+        elif (target := _heredoc_target(line)) is not None:
+            writes.append(FileWrite(index, target, body, ">>" not in line, "heredoc"))
+            code.append(line)
+        else:
+            code.extend(lines[i:j + 1])
+            i = j + 1
+            continue
+        if j < len(lines):
+            code.append(lines[j])
+        i = j + 1
+    return "\n".join(code), writes
+
+
+def file_writes(trajectory: Any) -> list[FileWrite]:
+    """Every file write of a trajectory: file-writing tool calls, heredocs and ``apply_patch`` in shell commands."""
     events = trajectory.get("events", []) if isinstance(trajectory, Mapping) else getattr(trajectory, "events", [])
-    out = []
+    out: list[FileWrite] = []
     for i, ev in enumerate(events):
         kind, _message, data = _event_fields(ev)
-        if kind != "tool_call" or str(data.get("tool", "")).lower() not in FILE_TOOLS:
+        if kind != "tool_call":
             continue
+        tool = str(data.get("tool", ""))
         args = data.get("args") if isinstance(data.get("args"), Mapping) else {}
-        text = args.get("content") if args.get("content") is not None else args.get("new")
-        if isinstance(text, str) and text:
-            out.append((i, str(args.get("path", "")), text))
-    return out
+        if tool.lower() in FILE_TOOLS:
+            out += _call_writes(i, tool, args)
+    for i, cmd in shell_commands(trajectory):
+        out += split_shell_writes(cmd, i)[1]
+    return sorted(out, key=lambda w: w.index)
+
+
+def written_files(trajectory: Any) -> list[tuple[int, str, str]]:
+    """(event index, path, text) of file contents the agent wrote, as recorded (writes without content left out)."""
+    return [(w.index, w.path, w.text) for w in file_writes(trajectory) if w.text]
+
+
+# --- which files a shell command runs ---------------------------------------------------------------------
+_SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "ash", "fish"})
+_INTERPRETER = re.compile(r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|deno|bun|ruby|perl|php|tsx|ts-node|lua|Rscript|pwsh|"
+                          r"powershell|source|\.)$")
+_WRAPPERS = frozenset({"sudo", "env", "time", "nohup", "exec", "command", "nice", "stdbuf", "setsid", "xargs", "strace",
+                       "uv", "poetry", "pipenv", "npx", "pnpx", "bunx", "run", "gosu", "su-exec", "timeout"})
+_INLINE_FLAGS = frozenset({"-c", "-e", "--eval", "-p", "--print", "-r", "--command", "-Command"})
+
+
+_OPERATOR_CHARS = ";&|()\n"
+
+
+def _command_segments(cmd: str) -> list[list[str]]:
+    """The simple commands of a shell command line as token lists (quotes respected; split at ; & | ( ) and newlines)."""
+    lex = shlex.shlex(cmd, posix=True, punctuation_chars=_OPERATOR_CHARS)
+    lex.whitespace, lex.whitespace_split, lex.commenters = " \t\r", True, ""
+    out: list[list[str]] = [[]]
+    try:
+        for tok in lex:
+            if tok and set(tok) <= set(_OPERATOR_CHARS):
+                out.append([])
+            else:
+                out[-1].append(tok)
+    except ValueError:  # unbalanced quotes: split naively, drop stray quote characters
+        out = [[t.strip("'\"") for t in seg.split()] for seg in _SEGMENT_SPLIT.split(cmd)]
+    return [seg for seg in out if seg]
+
+
+def executed_names(cmd: str, _depth: int = 0) -> set[str]:
+    """File names a shell command runs: ``./x.sh``, ``bash x.sh``, ``python3 dir/x.py``, ``bash -c '...'`` (recursively),
+    ``docker exec C bash -c ...``, ``make`` (Makefile), ``npm install``/``yarn``/``pnpm`` (package.json), ``docker
+    build``/``compose`` (Dockerfile, compose files), ``pip install .`` (setup.py). Base names only."""
+    names: set[str] = set()
+    for tokens in _command_segments(cmd):
+        i = 0
+        while i < len(tokens):  # wrappers, assignments, their flags; docker exec <container>
+            tok, base = tokens[i], os.path.basename(tokens[i])
+            if re.match(r"^[A-Za-z_]\w*=", tok) or tok.startswith("-"):
+                i += 1
+            elif base in _WRAPPERS:
+                i += 1
+                if base == "timeout":
+                    while i < len(tokens) and tokens[i].startswith("-"):
+                        i += 1
+                    i += 1  # the duration
+            elif base == "docker" and i + 1 < len(tokens) and tokens[i + 1] == "exec":
+                i += 2
+                while i < len(tokens) and tokens[i].startswith("-"):
+                    i += 2 if tokens[i] in ("-e", "--env", "-w", "--workdir", "-u", "--user", "--env-file") else 1
+                i += 1  # the container
+            else:
+                break
+        if i >= len(tokens):
+            continue
+        head, rest = os.path.basename(tokens[i]), tokens[i + 1:]
+        names.add(head)  # a file run by its own path (./setup.sh, /app/bin/fetch)
+        if head in _SHELLS or _INTERPRETER.match(head):
+            for j, arg in enumerate(rest):
+                if head in _SHELLS and re.match(r"^-[a-zA-Z]*c[a-zA-Z]*$", arg):
+                    if j + 1 < len(rest) and _depth < 4:
+                        names |= executed_names(rest[j + 1], _depth + 1)
+                    break
+                if head not in _SHELLS and arg in _INLINE_FLAGS:
+                    break  # inline code: part of the scanned command text already
+                if arg == "-m" and j + 1 < len(rest):
+                    names.add(rest[j + 1].rsplit(".", 1)[-1] + ".py")
+                    break
+                if arg.startswith("-") or arg == "-":
+                    continue
+                names.add(os.path.basename(arg))
+                break
+        elif head == "docker" and rest[:1] in (["build"], ["compose"], ["buildx"]):
+            names.update(_RUN_BY_TOOL["docker-compose"])
+        elif head in _RUN_BY_TOOL and (head not in ("pip", "pip3") or (rest[:1] == ["install"] and
+                                                                       any(a in (".", "./") for a in rest))):
+            names.update(_RUN_BY_TOOL[head])
+        for j, arg in enumerate(rest[:-1]):  # make -f FILE, docker build -f FILE
+            if arg in ("-f", "--file") and head in ("make", "docker", "docker-compose"):
+                names.add(os.path.basename(rest[j + 1]))
+    return names
+
+
+def _executions(trajectory: Any) -> list[tuple[int, set[str]]]:
+    return [(i, executed_names(split_shell_writes(cmd, i)[0])) for i, cmd in shell_commands(trajectory)]
+
+
+def _looks_like_script(path: str, text: str | None) -> bool:
+    name = posixpath.basename(path.replace("\\", "/"))
+    return bool(_SCRIPT_EXT.search(name)) or name in _SCRIPT_NAMES or (text or "").startswith("#!")
 
 
 # --- classification -------------------------------------------------------------------------------------
@@ -229,6 +526,7 @@ def scan_command(cmd: str, index: int | None = None, *, source: str = "shell",
     allowed_images = {_image_name(i) for i in allowed_images}
     found: list[Finding] = []
     short = cmd if len(cmd) <= 2000 else cmd[:2000] + " ..."
+    cmd = _ARGV_JOIN.sub(" ", cmd)  # ["git", "clone", "URL"] in code reads as git clone URL
 
     def add(rule: str, severity: str, evidence: str, **detail: Any) -> None:
         found.append(Finding(rule, severity, index, short, evidence.strip()[:500], source, detail))
@@ -270,21 +568,99 @@ def scan_command(cmd: str, index: int | None = None, *, source: str = "shell",
     return found
 
 
-def scan_trajectory(trajectory: Any, *, include_files: bool = False, allowed_hosts: Iterable[str] = DEFAULT_ALLOWED_HOSTS,
+_CAPPED = re.compile(r"\[\d+ chars cut\]$|\[\.\.\. \d+ characters truncated \.\.\.\]")
+
+
+def _scan_text(text: str, index: int, source: str, state: dict[str, Any], **kw: Any) -> list[Finding]:
+    """A written file's findings, line by line (backslash continuations joined; a downloader word and its URL
+    must share a line); comment lines (``#`` but not ``#!``, ``//``, ``/*``, ``* ``) are skipped."""
+    out: list[Finding] = []
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        stripped = line.strip()
+        if stripped and not (stripped.startswith(("#", "//", "* ", "/*")) and not stripped.startswith("#!")):
+            out += scan_command(line, index, source=source, state=state, **kw)
+    return out
+
+
+def _access_findings(trajectory: Any, forbidden_paths: Iterable[str]) -> list[Finding]:
+    pats = [re.compile(re.escape(str(p).rstrip("/")) + r"(?![\w.-])") for p in forbidden_paths if str(p).strip("/")]
+    if not pats:
+        return []
+    events = trajectory.get("events", []) if isinstance(trajectory, Mapping) else getattr(trajectory, "events", [])
+    out = []
+    for i, ev in enumerate(events):
+        kind, message, data = _event_fields(ev)
+        if kind not in SHELL_EVENT_KINDS:
+            continue
+        text = message + " " + json.dumps(data.get("args"), default=str) + " " + str(data.get("command") or "")
+        for rx in pats:
+            m = rx.search(text)
+            if m:
+                out.append(Finding("evaluator_access", "void", i, text[:2000], text[max(0, m.start() - 100):m.end() + 100],
+                                   "shell" if str(data.get("tool", "")).lower() in SHELL_TOOLS else f"tool:{data.get('tool')}",
+                                   {"path": m.group(0)}))
+                break
+    return out
+
+
+def scan_trajectory(trajectory: Any, *, include_files: bool = True, read_file: Callable[[str], str | None] | None = None,
+                    forbidden_paths: Iterable[str] = (), allowed_hosts: Iterable[str] = DEFAULT_ALLOWED_HOSTS,
                     allowed_images: Iterable[str] = DEFAULT_ALLOWED_IMAGES) -> list[Finding]:
-    """Every finding in a trajectory's shell commands (and, with ``include_files``, written files)."""
+    """Every finding in a trajectory (see the module docstring for the rules).
+
+    Shell commands are scanned whole, except the bodies of heredocs that only write a file. Written
+    files (``include_files``) are scanned line by line; their findings keep their severity when a
+    later shell command runs the file (matched by base name, see :func:`executed_names`), become
+    ``warn`` when the file is a script that is never run, and are dropped for other files (prose:
+    README, docs, HTML). ``read_file(path)`` (the workspace after the rollout) supplies the content
+    of a file that was run but whose write is not recorded in full (Codex ``file_change`` carries no
+    content; recorded arguments are capped). ``forbidden_paths`` (the task folder on the host): any
+    tool call that names one is an ``evaluator_access`` finding.
+    """
+    kw = {"allowed_hosts": allowed_hosts, "allowed_images": allowed_images}
     state: dict[str, Any] = {}
     findings: list[Finding] = []
     for index, cmd in shell_commands(trajectory):
-        findings += scan_command(cmd, index, allowed_hosts=allowed_hosts, allowed_images=allowed_images, state=state)
-    if include_files:
-        for index, path, text in written_files(trajectory):
-            findings += scan_command(text, index, source=f"file:{path}", allowed_hosts=allowed_hosts,
-                                     allowed_images=allowed_images, state={})
-    return findings
+        code = split_shell_writes(cmd, index)[0] if include_files else cmd
+        findings += scan_command(code, index, state=state, **kw)
+    findings += _access_findings(trajectory, forbidden_paths)
+    if not include_files:
+        return findings
+    runs = _executions(trajectory)
+    writes = file_writes(trajectory)
+    verified: set[str] = set()
+    for n, w in enumerate(writes):
+        # the content of this write is in effect until the next full write of the same file
+        until = next((v.index for v in writes[n + 1:] if v.full and v.name == w.name and v.index > w.index), None)
+        run_at = next((i for i, names in runs if i >= w.index and (until is None or i < until) and w.name in names), None)
+        text = w.text
+        source = f"file:{w.path}"
+        if run_at is not None and read_file is not None and (text is None or _CAPPED.search(text)) and w.path not in verified:
+            verified.add(w.path)
+            try:
+                text, source = read_file(w.path), f"workspace:{w.path}"
+            except Exception:  # noqa: BLE001 - the file may be gone
+                text = None
+        if not text:
+            continue
+        found = _scan_text(text, w.index, source, {}, **kw)
+        for f in found:
+            f.detail.update(path=w.path, via=w.via, executed_at=run_at)
+            if run_at is None:
+                f.severity = "warn"
+        if run_at is not None or _looks_like_script(w.path, text):
+            findings += found
+    seen: set[tuple[Any, ...]] = set()
+    unique = []
+    for f in findings:
+        key = (f.rule, f.severity, f.event_index, f.evidence, f.source)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
 
 
-def void_if_cheating(trajectory: Any, *, include_files: bool = False, **kw: Any) -> tuple[bool, list[Finding]]:
+def void_if_cheating(trajectory: Any, *, include_files: bool = True, **kw: Any) -> tuple[bool, list[Finding]]:
     """(voided, findings): voided when any finding has severity ``void`` (the trial then scores 0)."""
     findings = scan_trajectory(trajectory, include_files=include_files, **kw)
     return any(f.severity == "void" for f in findings), findings
@@ -325,13 +701,15 @@ def hash_paths(paths: Iterable[str | os.PathLike[str]], root: str | os.PathLike[
     return out
 
 
-def integrity_findings(before: Mapping[str, str | None], after: Mapping[str, str | None]) -> list[Finding]:
-    """An ``evaluator_modified`` finding per path added, removed or changed between two :func:`hash_paths`."""
+def integrity_findings(before: Mapping[str, str | None], after: Mapping[str, str | None], *, severity: str = "void",
+                       rule: str = "evaluator_modified") -> list[Finding]:
+    """A finding (``rule``, ``severity``) per path created, deleted or modified between two :func:`hash_paths`;
+    ``detail`` has the path, the change and both hashes."""
     findings = []
     for key in sorted(set(before) | set(after)):
         old, new = before.get(key), after.get(key)
         if old != new:
             what = "created" if old is None else "deleted" if new is None else "modified"
-            findings.append(Finding("evaluator_modified", "void", None, "", f"{key} {what}", "integrity",
-                                    {"path": key, "before": old, "after": new}))
+            findings.append(Finding(rule, severity, None, "", f"{key} {what}", "integrity",
+                                    {"path": key, "change": what, "before": old, "after": new}))
     return findings

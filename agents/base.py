@@ -17,6 +17,7 @@ import importlib
 import json
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
@@ -58,11 +59,22 @@ class Trajectory(BaseModel):
     exit_reason: ExitReason = "completed"
     error: str | None = None
     _t0: float = PrivateAttr(default_factory=time.monotonic)
+    _listener: Callable[[TrajectoryEvent], None] | None = PrivateAttr(default=None)
 
     def event(self, kind: str, message: str = "", **data: Any) -> TrajectoryEvent:
         ev = TrajectoryEvent(t_s=round(time.monotonic() - self._t0, 3), kind=kind, message=message, data=data)
         self.events.append(ev)
+        if self._listener is not None:
+            try:
+                self._listener(ev)
+            except Exception:  # noqa: BLE001, S110 - a progress display must never break the agent
+                pass
         return ev
+
+    def listen(self, callback: Callable[[TrajectoryEvent], None] | None) -> Trajectory:
+        """Call ``callback(event)`` for every event recorded from now on (live progress); None stops it."""
+        self._listener = callback
+        return self
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
@@ -81,6 +93,9 @@ class Agent(ABC):
 
     name: ClassVar[str] = "agent"
     version: ClassVar[str] = "0"
+    #: Set by the harness (e.g. ``saasbench rollout``) before :meth:`run`: every trajectory made
+    #: by :meth:`new_trajectory` reports its events to it as they are recorded.
+    on_event: Callable[[TrajectoryEvent], None] | None = None
 
     def install(self, env: Environment) -> None:
         """Put the agent's runtime into the environment (CLI binaries, config). Default: nothing."""
@@ -95,7 +110,7 @@ class Agent(ABC):
         return task.spec.app.start_command
 
     def new_trajectory(self, model: str | None = None) -> Trajectory:
-        return Trajectory(agent=self.name, version=self.version, model=model)
+        return Trajectory(agent=self.name, version=self.version, model=model).listen(self.on_event)
 
 
 # --- registry ----------------------------------------------------------------------------------------

@@ -98,10 +98,12 @@ def _register_task_commands() -> None:
 
     from saasbench.cli_flows import run_cmd, sweep_cmd
     from saasbench.cli_lake import compare_cmd, lake_app, report_cmd
+    from saasbench.cli_rollout import rollout_cmd
 
     app.add_typer(tasks_app, name="tasks")
     app.command("report")(report_cmd)
     app.command("run")(run_cmd)
+    app.command("rollout")(rollout_cmd)
     app.command("sweep")(sweep_cmd)
     app.command("compare")(compare_cmd)
     app.add_typer(lake_app, name="lake")

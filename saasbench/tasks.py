@@ -66,6 +66,8 @@ class DatabaseSpec(_Open):
 
 class TimeoutsSpec(_Open):
     agent_s: float = Field(default=10800, gt=0, description="Wall clock of the agent's rollout")
+    agent_steps: int = Field(default=500, gt=0, description="Step budget of the rollout (agent turns / tool calls)")
+    tool_call_s: float = Field(default=900, gt=0, description="Wall clock of one agent tool call")
     eval_node_s: float = Field(default=120, gt=0, description="Deadline of one DAG node")
     health_s: float = Field(default=60, gt=0, description="How long the app may take to answer its health path")
 
@@ -95,6 +97,12 @@ class TaskSpec(_Open):
     prd: str = Field(default=PRD_FILE, description="PRD file, relative to the task folder")
     knowledge_base: str = Field(default=KB_FILE, description="Knowledge base file, relative to the task folder")
     dag: str = Field(default=DAG_FILE, description="Validation DAG file, relative to the task folder")
+    integrity_paths: list[str] | None = Field(
+        default=None,
+        description="Workspace paths (files or folders, relative to the workspace) the evaluator relies on: hashed "
+        "after the harness prepared the workspace and again after the rollout; any change (modified, deleted, created) "
+        "voids the trial (voided_cheat). Unset: the staged PRD and KB copies are hashed and a change is only reported "
+        "(severity warn), since no evaluator reads them")
 
 
 class KBEntry(_Open):

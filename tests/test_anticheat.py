@@ -91,11 +91,20 @@ def test_allowed_toolchains_and_images() -> None:
     assert classify_url("https://example.com/a.tar.gz") == "void"
 
 
-def test_written_files_scanned_only_when_asked() -> None:
-    traj = trajectory("bash setup.sh", files={"setup.sh": "#!/bin/sh\ngit clone https://github.com/x/y vendor\n"})
-    assert void_if_cheating(traj) == (False, [])
-    voided, findings = void_if_cheating(traj, include_files=True)
-    assert voided and findings[0].source == "file:setup.sh" and findings[0].rule == "git_clone"
+def test_written_script_counts_only_when_run_afterwards() -> None:
+    script = {"setup.sh": "#!/bin/sh\ngit clone https://github.com/x/y vendor\n"}
+    # run before it was written (an older setup.sh): the clone was never executed -> a warning only
+    voided, findings = void_if_cheating(trajectory("bash setup.sh", files=script))
+    assert not voided and [(f.rule, f.severity, f.source) for f in findings] == [("git_clone", "warn", "file:setup.sh")]
+    assert findings[0].detail["executed_at"] is None
+    # written, then run: voided, with the write as the evidence and the run recorded
+    traj = Trajectory(agent="builtin")
+    traj.event("tool_call", "setup.sh", tool="write_file", args={"path": "setup.sh", "content": script["setup.sh"]})
+    traj.event("tool_call", "chmod +x setup.sh && ./setup.sh", tool="shell", args={"command": "chmod +x setup.sh && ./setup.sh"})
+    voided, findings = void_if_cheating(traj)
+    assert voided and [(f.rule, f.source, f.event_index, f.detail["executed_at"]) for f in findings] == [
+        ("git_clone", "file:setup.sh", 0, 1)]
+    assert void_if_cheating(traj, include_files=False) == (False, [])  # shell commands only
 
 
 def test_oracle_style_and_dict_trajectories() -> None:
