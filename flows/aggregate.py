@@ -37,7 +37,7 @@ def publish_artifacts(spec: core.SweepSpec, agg: dict[str, Any]) -> None:
 @flow(name="aggregate", flow_run_name="aggregate {sweep_id}")
 def aggregate_flow(sweep_id: str, lake: str | None = None, report_dir: str | None = None) -> str:
     """Re-aggregate a finished sweep (e.g. after a re-run) and republish its artifacts."""
-    spec = core.SweepSpec(sweep_id=sweep_id, tasks=["-"], agents=["-"], lake=lake)
+    spec = core.SweepSpec(sweep_id=sweep_id, tasks=["-"], agents=["-"], lake=lake, compact=False)  # plan unknown
     agg = aggregate_task(spec, report_dir=report_dir)
     publish_artifacts(spec, agg)
     return agg["markdown"]

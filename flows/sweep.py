@@ -2,21 +2,35 @@
 
 Resumable: only trials not committed in the lake are submitted, so re-running a killed sweep with
 the same ``sweep_id`` finishes it without duplicating rows.
+
+Two dispatch modes:
+
+- ``local`` (default): trials are Prefect tasks in this flow run's thread pool (one process).
+- ``deployment``: every trial is a flow run of the ``trial`` deployment
+  (:func:`prefect.deployments.run_deployment`), so the workers of its work pool share the
+  sweep. At most ``concurrency`` child runs are in flight; a child that CRASHED (its process
+  died) is an infrastructure failure: it is dispatched again up to ``retries`` times (after
+  ``retry_delays``) and then committed as ``env_error`` via ``record_failure``, unless the lake
+  already holds the trial. A FAILED child (a harness bug) stops dispatching and fails the sweep;
+  a CANCELLED child leaves its trial pending for the next run.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.task_runners import ThreadPoolTaskRunner
 from saasbench.flows.aggregate import aggregate_task, publish_artifacts
 from saasbench.flows.trial import record_failure_task, run_trial_task
 
+from saasbench import limits
 from saasbench import sweep as core
-from saasbench.failures import is_retryable
+from saasbench.failures import EnvError, is_retryable
 
 MAX_WORKERS = int(os.environ.get("SAASBENCH_MAX_WORKERS", "16"))
 
@@ -24,6 +38,12 @@ MAX_WORKERS = int(os.environ.get("SAASBENCH_MAX_WORKERS", "16"))
 @task(name="write-sweep-row")
 def write_sweep_row_task(spec: core.SweepSpec) -> None:
     core.write_sweep_row(spec)
+
+
+@task(name="concurrency-limits")
+def limits_task(spec: core.SweepSpec) -> list[tuple[str, int]]:
+    """Create/update the Prefect global concurrency limits of the sweep's config (saasbench.limits)."""
+    return limits.ensure_prefect_limits(limits.configure_from_spec(spec))
 
 
 @task(name="pending-trials")
@@ -49,16 +69,35 @@ def _run_name() -> str:
 
 @flow(name="sweep", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
       log_prints=True)
-def sweep_flow(spec: dict[str, Any] | str, concurrency: int | None = None, report_dir: str | None = None) -> dict[str, Any]:
-    """Run a sweep: ``spec`` is a SweepSpec dict or a YAML path. Returns outcomes and the leaderboard."""
+def sweep_flow(spec: dict[str, Any] | str, concurrency: int | None = None, report_dir: str | None = None,
+               dispatch: Literal["local", "deployment"] = "local", trial_deployment: str = "trial/trial",
+               poll_seconds: float = 2.0) -> dict[str, Any]:
+    """Run a sweep: ``spec`` is a SweepSpec dict or a YAML path. Returns outcomes and the leaderboard.
+
+    ``dispatch="deployment"`` runs each trial as a flow run of ``trial_deployment`` (the work
+    pool's workers pick them up) instead of a task in this process."""
     sw = core.SweepSpec.load(spec if isinstance(spec, dict) else Path(spec))
     if concurrency:
         sw = sw.model_copy(update={"concurrency": concurrency})
     logger = get_run_logger()
     write_sweep_row_task(sw)
+    set_limits = limits_task(sw)
     todo = pending_task(sw)
-    logger.info("sweep %s: %d planned, %d pending, concurrency %d", sw.sweep_id, len(core.plan(sw)), len(todo),
-                sw.concurrency)
+    logger.info("sweep %s: %d planned, %d pending, concurrency %d, dispatch %s, limits %s", sw.sweep_id,
+                len(core.plan(sw)), len(todo), sw.concurrency, dispatch, set_limits or "none")
+    if dispatch == "deployment":
+        outcomes = dispatch_deployments(sw, todo, trial_deployment, poll_seconds=poll_seconds)
+    elif dispatch == "local":
+        with core.sweep_gateway(sw, bool(todo)):  # one model gateway shared by this process's trials
+            outcomes = _run_local(sw, todo)
+    else:
+        raise ValueError(f"dispatch must be 'local' or 'deployment', not {dispatch!r}")
+    agg = aggregate_task(sw, report_dir=report_dir)
+    publish_artifacts(sw, agg)
+    return {"sweep_id": sw.sweep_id, "outcomes": outcomes, "leaderboard": agg["markdown"], "html": agg["html"]}
+
+
+def _run_local(sw: core.SweepSpec, todo: list[core.TrialSpec]) -> dict[str, str]:
     runner = run_trial_task.with_options(retries=sw.retries, retry_delay_seconds=list(sw.retry_delays) or 0)
     outcomes: dict[str, str] = {}
     inflight: list[tuple[Any, core.TrialSpec]] = []
@@ -72,6 +111,71 @@ def sweep_flow(spec: dict[str, Any] | str, concurrency: int | None = None, repor
         inflight.append((runner.submit(trial, sw), trial))
     for fut, trial in inflight:
         _finish(fut, trial, sw, outcomes)
-    agg = aggregate_task(sw, report_dir=report_dir)
-    publish_artifacts(sw, agg)
-    return {"sweep_id": sw.sweep_id, "outcomes": outcomes, "leaderboard": agg["markdown"], "html": agg["html"]}
+    return outcomes
+
+
+def trial_parameters(trial: core.TrialSpec, sw: core.SweepSpec) -> dict[str, Any]:
+    """Parameters of the ``trial`` flow for one trial of the sweep."""
+    return {"task": trial.task, "agent": trial.agent, "model": trial.model, "attempt": trial.attempt,
+            "sweep": sw.model_dump(mode="json")}
+
+
+def _read_state(client: Any, flow_run_id: Any) -> Any:
+    return client.read_flow_run(flow_run_id).state
+
+
+def dispatch_deployments(sw: core.SweepSpec, todo: list[core.TrialSpec], trial_deployment: str = "trial/trial", *,
+                         poll_seconds: float = 2.0) -> dict[str, str]:
+    """Run ``todo`` as flow runs of ``trial_deployment`` (at most ``sw.concurrency`` at once) and
+    wait for them; returns ``{trial_id: outcome}`` (outcomes read back from the lake)."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.runtime import flow_run as this_run
+
+    logger = get_run_logger()
+    parent = this_run.get_id() or "no-parent"
+    queue: list[tuple[core.TrialSpec, int]] = [(t, 0) for t in todo]  # (trial, crashes so far)
+    inflight: dict[Any, tuple[core.TrialSpec, int]] = {}
+    outcomes: dict[str, str] = {}
+    failed: list[str] = []
+    with get_client(sync_client=True) as client:
+        while queue or inflight:
+            while queue and not failed and len(inflight) < sw.concurrency:
+                trial, crashes = queue.pop(0)
+                when = None
+                if crashes:
+                    when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=sw.delay(crashes - 1))
+                run = run_deployment(trial_deployment, parameters=trial_parameters(trial, sw), scheduled_time=when,
+                                     timeout=0, tags=["saasbench", f"sweep:{sw.sweep_id}"],
+                                     idempotency_key=f"{parent}:{trial.trial_id}:{crashes}")
+                logger.info("%s: flow run %s (%s)%s", trial.label, run.name, run.id,
+                            f", dispatch {crashes + 1}" if crashes else "")
+                inflight[run.id] = (trial, crashes)
+            if not inflight:
+                break
+            time.sleep(poll_seconds)
+            for run_id, (trial, crashes) in list(inflight.items()):
+                state = _read_state(client, run_id)
+                if state is None or not state.is_final():
+                    continue
+                del inflight[run_id]
+                committed = core.committed_outcome(sw, trial)
+                if state.is_completed() and committed is not None:
+                    outcomes[trial.trial_id] = committed
+                elif state.is_crashed():
+                    if committed is not None:  # crashed after its commit: the trial is done
+                        outcomes[trial.trial_id] = committed
+                    elif crashes < sw.retries:
+                        logger.warning("%s: flow run %s crashed (%s); dispatching again (%d/%d)", trial.label,
+                                       run_id, state.message, crashes + 1, sw.retries)
+                        queue.append((trial, crashes + 1))
+                    else:
+                        exc = EnvError(f"trial flow run {run_id} crashed {crashes + 1} time(s): {state.message}")
+                        outcomes[trial.trial_id] = record_failure_task(trial, sw, exc)
+                elif state.is_cancelled():
+                    logger.warning("%s: flow run %s was cancelled; the trial stays pending", trial.label, run_id)
+                else:
+                    failed.append(f"{trial.label}: flow run {run_id} {state.type.value}: {state.message}")
+    if failed:
+        raise RuntimeError("trial flow runs failed (harness errors; the trials stay pending):\n" + "\n".join(failed))
+    return outcomes

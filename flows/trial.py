@@ -6,11 +6,14 @@ judge_error) with backoff; agent outcomes and task defects are recorded at once,
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.states import State
 
+from saasbench import limits
 from saasbench import sweep as core
 from saasbench.failures import is_retryable
 
@@ -63,6 +66,10 @@ def trial_flow(task: str, agent: str, model: str | None = None, attempt: int = 0
     spec = core.SweepSpec.load(sweep or {"sweep_id": f"run-{core.id_part(task)}-{core.id_part(agent)}",
                                          "tasks": [task], "agents": [agent], "models": [model]})
     trial = _trial_spec(task, agent, model, attempt)
+    set_limits = limits.ensure_prefect_limits(limits.configure_from_spec(spec))
+    get_run_logger().info("trial %s of sweep %s on host %s pid %d worker %s; limits %s", trial.trial_id, spec.sweep_id,
+                          socket.gethostname(), os.getpid(), os.environ.get("PREFECT__WORKER_NAME") or "-",
+                          set_limits or "none")
     return run_trial_with_retries(trial, spec, retries=retries, retry_delays=retry_delays)
 
 

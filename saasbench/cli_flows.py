@@ -75,6 +75,15 @@ def sweep_cmd(
     lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI")] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", help="Trials at once")] = None,
     no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Plain thread pool, no Prefect")] = False,
+    envs_per_host: Annotated[int | None, typer.Option(
+        "--envs-per-host", help="Environments at once per host (Prefect global concurrency limit; default "
+                                "$SAASBENCH_ENVS_PER_HOST, else unlimited)")] = None,
+    llm_calls: Annotated[str | None, typer.Option(
+        "--llm-calls", help="LLM calls at once per provider: N, or provider=N,...,*=N (default "
+                            "$SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited)")] = None,
+    dispatch: Annotated[str, typer.Option(
+        "--dispatch", help="local: trials in this process; deployment: each trial a flow run of the 'trial' "
+                           "deployment, run by the work pool's workers (needs PREFECT_API_URL)")] = "local",
 ) -> None:
     """Run a sweep (tasks x agents x models x attempts); re-running a sweep id resumes it.
 
@@ -84,6 +93,7 @@ def sweep_cmd(
 
     import yaml
 
+    from saasbench.limits import parse_llm_calls
     from saasbench.sweep import SweepSpec, aggregate, plan, run_sweep_plain
 
     data: dict = {}
@@ -96,6 +106,17 @@ def sweep_cmd(
                        ("backend", backend), ("sweep_id", sweep_id), ("lake", lake), ("concurrency", concurrency)):
         if value:
             data[key] = value
+    if dispatch not in ("local", "deployment"):
+        raise _fail(f"--dispatch must be local or deployment, not {dispatch!r}")
+    if dispatch == "deployment" and no_prefect:
+        raise _fail("--dispatch deployment needs Prefect (drop --no-prefect)")
+    if envs_per_host is not None:
+        data["envs_per_host"] = envs_per_host
+    if llm_calls is not None:
+        try:
+            data["llm_calls_per_provider"] = parse_llm_calls(llm_calls)
+        except ValueError as exc:
+            raise _fail(f"--llm-calls: {exc}") from None
     data.setdefault("sweep_id", "sweep-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
     try:
         spec = SweepSpec.model_validate(data)
@@ -111,7 +132,7 @@ def sweep_cmd(
         prefect_env()
         from saasbench.flows.sweep import sweep_flow
 
-        res = sweep_flow(spec.model_dump())
+        res = sweep_flow(spec.model_dump(), dispatch=dispatch)
         outcomes, board, html = res["outcomes"], res["leaderboard"], res["html"]
     console.print(f"ran {len(outcomes)} trial(s) now ({len(plan(spec)) - len(outcomes)} already committed)")
     console.print(board, markup=False, highlight=False)

@@ -520,8 +520,11 @@ class Judge:
             completion = self._completion or _litellm().completion
         except ImportError as exc:
             raise JudgeError(f"litellm is not installed: {exc}", transient=False) from None
+        from saasbench.limits import llm_provider, llm_slot
+
         try:
-            response = completion(**kwargs)
+            with llm_slot(llm_provider(cfg.model)):  # LLM calls at once per provider (saasbench.limits)
+                response = completion(**kwargs)
         except Exception as exc:  # noqa: BLE001 - litellm maps provider errors onto openai-style exceptions
             raise classify(exc) from None
         try:

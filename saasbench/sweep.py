@@ -10,13 +10,14 @@ killed sweep loses at most the trials in flight.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from saasbench import lake as lakelib
+from saasbench import limits
 from saasbench.failures import EnvError, HarnessError, TaskDefect
+from saasbench.gateway import Gateway, GatewayConfig
 from saasbench.trial import run_local_trial
 
 log = logging.getLogger(__name__)
@@ -52,11 +55,30 @@ class SweepSpec(BaseModel):
     retries: int = Field(2, ge=0, description="retries of infrastructure failures (env_error, judge_error)")
     retry_delays: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS))
     report_dir: str | None = Field(None, description="where the HTML report goes; default runs/reports")
+    compact: bool = Field(True, description="when every planned trial is committed, merge the sweep's per-trial "
+                                            "files into one batch (saasbench.lake.compact) before the report")
+    gateway: GatewayConfig | None = Field(None, description="the model gateway (saasbench.gateway): one LiteLLM proxy "
+                                          "for the sweep; agents get its URL and a per-trial key, never a provider key")
+    envs_per_host: int | None = Field(None, ge=1, description="environments at once per host (a Prefect global "
+                                      "concurrency limit, or a local semaphore without Prefect); default "
+                                      "$SAASBENCH_ENVS_PER_HOST, else unlimited")
+    llm_calls_per_provider: int | dict[str, int] | None = Field(
+        None, description="LLM calls at once per provider: n for every provider or {provider: n, '*': default}; "
+                          "default $SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited")
 
     @field_validator("sweep_id")
     @classmethod
     def _id(cls, v: str) -> str:
         return lakelib.check_id(v, "sweep_id")
+
+    @field_validator("llm_calls_per_provider")
+    @classmethod
+    def _llm_calls(cls, v: Any) -> Any:
+        if isinstance(v, (dict, int)):
+            if any(n < 1 for n in ([v] if isinstance(v, int) else v.values())):
+                raise ValueError("LLM call limits must be >= 1")
+            limits.parse_llm_calls(v)
+        return v
 
     @field_validator("models", mode="before")
     @classmethod
@@ -133,6 +155,16 @@ def pending(spec: SweepSpec, lake: Any = None) -> list[TrialSpec]:
     return [t for t in plan(spec) if t.trial_id not in done]
 
 
+def committed_outcome(spec: SweepSpec, trial: TrialSpec, lake: Any = None) -> str | None:
+    """The outcome of ``trial`` if it is committed in the lake, else None."""
+    store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    if trial.trial_id not in lakelib.committed_trials(store, spec.sweep_id):
+        return None
+    rows = lakelib.query(store, "SELECT outcome FROM trials WHERE sweep_id = ? AND trial_id = ?",
+                         [spec.sweep_id, trial.trial_id], sweep_id=spec.sweep_id).to_pylist()
+    return rows[0]["outcome"] if rows else None
+
+
 def write_sweep_row(spec: SweepSpec, lake: Any = None) -> None:
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
     lakelib.write_sweep(store, lakelib.sweep_row(
@@ -164,7 +196,7 @@ def _is_env_failure(exc: BaseException) -> bool:
 
 
 def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
-              say: Callable[[str], None] | None = None) -> str:
+              say: Callable[[str], None] | None = None, gateway: Gateway | None = None) -> str:
     """Run one trial and commit it to the lake; returns its outcome.
 
     Raises a *retryable* :class:`HarnessError` (env/judge) without writing anything, so the caller
@@ -172,12 +204,25 @@ def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
     HarnessError (agent outcomes, task defect) is recorded as that outcome and returned. The app not
     becoming healthy after the agent's work is the agent's result (nodes fail), not an env error.
     """
+    if gateway is None and spec.gateway is not None:
+        gateway = _SHARED_GATEWAYS.get(spec.sweep_id)  # the sweep's, when this process runs the sweep
+    if gateway is None and spec.gateway is not None:  # no shared gateway (e.g. a trial flow on a worker): its own
+        with Gateway(spec.gateway) as own:
+            return run_trial(trial, spec, lake=lake, say=say, gateway=own)
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
     started = _now()
     try:
         task = _load_task(trial.task)
         try:
-            result = run_local_trial(task, trial.agent, backend=spec.backend, say=say)
+            limits.configure_from_spec(spec)
+            agent, access = trial.agent, None
+            if gateway is not None:  # the agent reaches models through the sweep's gateway with this trial's key
+                from saasbench.trial import resolve_agent
+
+                access = gateway.for_trial(trial.trial_id)
+                agent = gateway.attach(resolve_agent(trial.agent, trial.model), access)
+            with limits.environment_slot():  # the trial's whole environment lifetime
+                result = run_local_trial(task, agent, backend=spec.backend, say=say, model=trial.model)
         except HarnessError:
             raise
         except Exception as exc:
@@ -191,7 +236,8 @@ def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
         return exc.outcome
     rows = lakelib.from_trial_result(
         result, sweep_id=spec.sweep_id, trial_id=trial.trial_id, task=task, model=trial.model,
-        attempt=trial.attempt, started_at=started, ended_at=_now())
+        attempt=trial.attempt, started_at=started, ended_at=_now(),
+        model_calls=access.calls() if access is not None else ())
     lakelib.write_trial(store, rows)
     return rows.tables["trials"][0]["outcome"]
 
@@ -222,12 +268,12 @@ def record_failure(trial: TrialSpec, spec: SweepSpec, exc: BaseException, *, lak
 
 
 def run_trial_retrying(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
-                       sleep: Callable[[float], None] = time.sleep) -> str:
+                       sleep: Callable[[float], None] = time.sleep, gateway: Gateway | None = None) -> str:
     """:func:`run_trial` with retries of retryable failures only (the no-Prefect path); after the
     last retry the failure is recorded as its infra outcome."""
     for i in range(spec.retries + 1):
         try:
-            return run_trial(trial, spec, lake=lake)
+            return run_trial(trial, spec, lake=lake, gateway=gateway)
         except HarnessError as exc:
             if not exc.retryable or i == spec.retries:
                 return record_failure(trial, spec, exc, lake=lake)
@@ -250,16 +296,35 @@ def run_sweep_plain(spec: SweepSpec | Mapping[str, Any] | str | Path, workers: i
     lock = threading.Lock()
 
     def one(t: TrialSpec) -> None:
-        outcome = run_trial_retrying(t, spec, lake=store, sleep=sleep)
+        outcome = run_trial_retrying(t, spec, lake=store, sleep=sleep, gateway=gw)
         with lock:
             outcomes[t.trial_id] = outcome
         if on_done:
             on_done(t, outcome)
 
-    with ThreadPoolExecutor(max_workers=max(1, workers or spec.concurrency)) as pool:
+    with sweep_gateway(spec, bool(todo)) as gw, ThreadPoolExecutor(max_workers=max(1, workers or spec.concurrency)) as pool:
         for fut in [pool.submit(one, t) for t in todo]:
             fut.result()
     return outcomes
+
+
+_SHARED_GATEWAYS: dict[str, Gateway] = {}
+
+
+@contextlib.contextmanager
+def sweep_gateway(spec: SweepSpec, needed: bool = True) -> Iterator[Gateway | None]:
+    """One gateway for the sweep's trials run by this process (None when the spec has none or
+    nothing is pending). :func:`run_trial` finds it by sweep id, so Prefect tasks, whose
+    parameters must stay hashable data, need not carry it."""
+    if spec.gateway is None or not needed:
+        yield None
+        return
+    with Gateway(spec.gateway) as gw:
+        _SHARED_GATEWAYS[spec.sweep_id] = gw
+        try:
+            yield gw
+        finally:
+            _SHARED_GATEWAYS.pop(spec.sweep_id, None)
 
 
 def leaderboard_markdown(report: Any) -> str:
@@ -281,7 +346,14 @@ def aggregate(spec: SweepSpec, *, lake: Any = None, report_dir: str | Path | Non
     from saasbench.aggregate import sweep_report
 
     uri = lake if lake is not None else spec.lake_uri
-    report = sweep_report(lakelib.lake_from_uri(uri), spec.sweep_id)
+    store = lakelib.lake_from_uri(uri)
+    if spec.compact:
+        try:  # a finished sweep becomes a few large files: cheap to read for every later report
+            if not pending(spec, store):
+                lakelib.compact(store, sweep_id=spec.sweep_id)
+        except Exception as exc:  # noqa: BLE001 - the per-trial files stay valid; compaction can be rerun
+            log.warning("sweep %s: compaction failed, files left as written: %s", spec.sweep_id, exc)
+    report = sweep_report(store, spec.sweep_id)
     html = None
     try:
         from saasbench.report_html import write_html

@@ -10,7 +10,7 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="saasbench-prefect
 
 import pytest
 
-prefect = pytest.importorskip("prefect")
+import prefect  # noqa: F401 - a hard dependency of these tests (the test extra installs it)
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -118,3 +118,111 @@ def test_trial_flow_harness_bug_not_retried(tmp_path, monkeypatch):
         trial_flow(task="timetrack", agent="oracle", sweep=spec, retry_delays=[0])
     assert calls == ["oracle"]
     assert lakelib.committed_trials(spec["lake"], "flow-bug") == set()
+
+
+class FakeDeployments:
+    """Stand-in for run_deployment + the child runs' states (dispatch="deployment" without workers).
+
+    ``script[agent]`` lists what each dispatch of that agent's trial does: "crash" (no commit),
+    "commit-crash" (commits, then the process dies) or "ok" (commits); "fail" is a harness error."""
+
+    def __init__(self, spec: dict, script: dict[str, list[str]]):
+        from prefect.states import Completed, Crashed, Failed
+
+        self.spec = sw.SweepSpec.model_validate(spec)
+        self.script = {k: list(v) for k, v in script.items()}
+        self.calls: list[dict] = []
+        self.states: dict = {}
+        self.kinds = {"crash": Crashed, "commit-crash": Crashed, "ok": Completed, "fail": Failed}
+
+    def run_deployment(self, name, parameters=None, scheduled_time=None, timeout=None, tags=None,
+                       idempotency_key=None, **kw):
+        import uuid
+
+        assert name == "trial/trial" and timeout == 0
+        assert sw.SweepSpec.model_validate(parameters["sweep"]) == self.spec
+        trial = sw.TrialSpec(parameters["task"], parameters["agent"], parameters["model"], parameters["attempt"])
+        what = self.script[trial.agent].pop(0)
+        self.calls.append({"agent": trial.agent, "key": idempotency_key, "when": scheduled_time, "what": what})
+        if what in ("ok", "commit-crash"):
+            sw.record_failure(trial, self.spec, AgentError(f"fake child {what}"))  # a committed trial row
+        run_id = uuid.uuid4()
+        self.states[run_id] = self.kinds[what](message=f"fake {what}")
+        return type("Run", (), {"id": run_id, "name": f"fake-{trial.trial_id}"})()
+
+    def read_state(self, client, run_id):
+        return self.states[run_id]
+
+
+def test_deployment_dispatch_crash_retry_and_record(tmp_path, monkeypatch):
+    import prefect.deployments
+    from saasbench.flows import sweep as sweep_flows
+
+    spec = sweep_dict(tmp_path, "flow-dispatch", agents=["oracle", "nop", "codex"], retries=1)
+    fake = FakeDeployments(spec, {"oracle": ["crash", "ok"], "nop": ["crash", "crash"], "codex": ["commit-crash"]})
+    monkeypatch.setattr(prefect.deployments, "run_deployment", fake.run_deployment)
+    monkeypatch.setattr(sweep_flows, "_read_state", fake.read_state)
+    res = sweep_flow(spec, dispatch="deployment", poll_seconds=0.05)
+    assert res["outcomes"] == {
+        "timetrack.oracle.none.0": "agent_error",  # crashed once, the re-dispatch committed
+        "timetrack.nop.none.0": "env_error",  # crashed twice (retries=1): recorded as an infra failure
+        "timetrack.codex.none.0": "agent_error",  # crashed after its commit: not dispatched again
+    }
+    assert [c["agent"] for c in fake.calls].count("oracle") == 2 and [c["agent"] for c in fake.calls].count("nop") == 2
+    assert [c["agent"] for c in fake.calls].count("codex") == 1
+    assert len({c["key"] for c in fake.calls}) == len(fake.calls)  # a re-dispatch is a new flow run
+    assert all((c["when"] is None) == c["key"].endswith(":0") for c in fake.calls)  # re-dispatches are scheduled
+    rows = lakelib.query(spec["lake"], "SELECT trial_id, outcome, valid FROM trials ORDER BY 1").to_pylist()
+    assert [(r["trial_id"], r["outcome"]) for r in rows] == [
+        ("timetrack.codex.none.0", "agent_error"), ("timetrack.nop.none.0", "env_error"),
+        ("timetrack.oracle.none.0", "agent_error")]
+    assert artifacts(artifact_key("flow-dispatch", "leaderboard"))
+
+
+def test_deployment_dispatch_failed_child_fails_the_sweep(tmp_path, monkeypatch):
+    import prefect.deployments
+    from saasbench.flows import sweep as sweep_flows
+
+    spec = sweep_dict(tmp_path, "flow-dispatch-bug", agents=["oracle", "nop"], concurrency=1)
+    fake = FakeDeployments(spec, {"oracle": ["fail"], "nop": ["ok"]})
+    monkeypatch.setattr(prefect.deployments, "run_deployment", fake.run_deployment)
+    monkeypatch.setattr(sweep_flows, "_read_state", fake.read_state)
+    with pytest.raises(RuntimeError, match="harness errors"):
+        sweep_flow(spec, dispatch="deployment", poll_seconds=0.05)
+    assert [c["agent"] for c in fake.calls] == ["oracle"]  # dispatching stopped after the failure
+    assert lakelib.committed_trials(spec["lake"], "flow-dispatch-bug") == set()  # both stay pending
+
+
+class _FakeGateway:
+    """Stands in for saasbench.gateway.Gateway (a real one is tested in test_gateway.py): counts
+    starts and the trials that got a key from it."""
+
+    started: list["_FakeGateway"] = []
+
+    def __init__(self, cfg):
+        self.trials: list[str] = []
+
+    def __enter__(self):
+        _FakeGateway.started.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def for_trial(self, trial_id):
+        self.trials.append(trial_id)
+        return type("Access", (), {"calls": staticmethod(lambda: [])})()
+
+    def attach(self, agent, access):
+        return agent
+
+
+def test_sweep_flow_shares_one_gateway(tmp_path, monkeypatch):
+    monkeypatch.setattr(sw, "Gateway", _FakeGateway)
+    _FakeGateway.started.clear()
+    gateway = {"models": [{"name": "m", "litellm_model": "openai/m", "api_base": "http://127.0.0.1:9/v1"}]}
+    res = sweep_flow(sweep_dict(tmp_path, "flow-gw", gateway=gateway))
+    assert set(res["outcomes"].values()) == {"completed"}
+    assert len(_FakeGateway.started) == 1  # one proxy for the sweep, not one per trial
+    assert sorted(_FakeGateway.started[0].trials) == ["timetrack.nop.none.0", "timetrack.oracle.none.0"]
+    assert sw._SHARED_GATEWAYS == {}  # stopped and forgotten with the sweep

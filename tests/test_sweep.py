@@ -104,8 +104,25 @@ def test_sweep_writes_and_rerun_skips(tmp_path, count_runs):
     # same sweep id again: nothing runs
     assert sw.run_sweep_plain(spec) == {}
     assert len(count_runs) == 2
+    before = lakelib.query(spec.lake_uri, "SELECT * FROM node_results ORDER BY trial_id, node_id").to_pylist()
     agg = sw.aggregate(spec)
     assert "| oracle / - | 100.0 |" in agg["markdown"] and Path(agg["html"]).is_file()
+    # a finished sweep is compacted: one batch marker, the same rows, still complete for resume
+    markers = [m for m in lakelib.list_commits(spec.lake_uri, sweep_id=spec.sweep_id)]
+    assert [m["unit"] for m in markers] == ["batch"]
+    assert lakelib.query(spec.lake_uri, "SELECT * FROM node_results ORDER BY trial_id, node_id").to_pylist() == before
+    assert sw.pending(spec) == [] and sw.run_sweep_plain(spec) == {}
+
+
+def test_unfinished_sweep_is_not_compacted(tmp_path, count_runs):
+    spec = spec_for(tmp_path, "s-half")
+    sw.run_trial(sw.plan(spec)[0], spec)
+    sw.aggregate(spec)
+    assert "batch" not in {m["unit"] for m in lakelib.list_commits(spec.lake_uri, sweep_id=spec.sweep_id)}
+    off = spec_for(tmp_path, "s-off", compact=False)
+    sw.run_sweep_plain(off)
+    sw.aggregate(off)
+    assert "batch" not in {m["unit"] for m in lakelib.list_commits(off.lake_uri, sweep_id=off.sweep_id)}
 
 
 def test_env_failure_is_retried(tmp_path, monkeypatch, count_runs):
