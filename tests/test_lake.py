@@ -521,3 +521,17 @@ def test_s3_objects_are_where_the_layout_says(s3_server, real):
     assert "layout/_commits/sweep_id=sw-1/trial_id=tr-1.json" in keys
     assert f"layout/trials/sweep_id=sw-1/task_id=lake-test/part-tr-1.{c.generation}.parquet" in keys
     assert len(keys) == len(c.files) + 1
+
+
+def test_gateway_metered_usage_wins_over_the_agents_own(tmp_path, real):
+    """With model_calls (the gateway's meter), the trial row's tokens and cost are their sums; the
+    agent's own figures (a list-price estimate for Claude behind a proxy) are not trusted."""
+    info = L.TrialInfo(sweep_id="sg", trial_id="t", task_id="lake-test", agent="claude-code", model="m")
+    calls = [{"status": "success", "prompt_tokens": 100, "completion_tokens": 10, "cost_usd": 0.25},
+             {"status": "failure", "prompt_tokens": None, "completion_tokens": None, "cost_usd": None},
+             {"status": "success", "prompt_tokens": 50, "completion_tokens": 5, "cost_usd": 0.5}]
+    rows = L.trial_rows(info, real["report"], trajectory=real["trajectory"], model_calls=calls)
+    trial = rows.tables["trials"][0]
+    assert (trial["tokens_in"], trial["tokens_out"], trial["cost_usd"]) == (150, 15, 0.75)
+    plain = L.trial_rows(info, real["report"], trajectory=real["trajectory"]).tables["trials"][0]
+    assert (plain["tokens_in"], plain["tokens_out"], plain["cost_usd"]) == (1000, 200, 0.0123)

@@ -281,14 +281,20 @@ def trial_rows(info: TrialInfo, report: Any = None, *, trajectory: Any = None, j
     ``model_calls`` are the trial's requests through the model gateway (``Gateway.calls``)."""
     judge_calls = list(judge_calls)
     nodes, steps = node_rows(info, report) if report is not None else ([], [])
+    calls = model_call_rows(info, model_calls)
+    trial = trial_row(info, report, trajectory, judge_calls)
+    for col in ("tokens_in", "tokens_out", "cost_usd"):  # metered by the gateway: the figures to trust
+        metered = [c[col] for c in calls if c[col] is not None]
+        if metered:
+            trial[col] = sum(metered)
     return TrialRows(info.sweep_id, info.trial_id, info.task_id, {
-        "trials": [trial_row(info, report, trajectory, judge_calls)],
+        "trials": [trial],
         "node_results": nodes,
         "step_results": steps,
         "judge_calls": judge_call_rows(info, judge_calls),
         "env_builds": env_build_rows(info, env_builds),
         "trajectory_events": trajectory_rows(info, trajectory) if trajectory is not None else [],
-        "model_calls": model_call_rows(info, model_calls),
+        "model_calls": calls,
     })
 
 
