@@ -51,7 +51,6 @@ except ImportError:  # pragma: no cover
 
 # Not a skip: CI installs both (scripts/test.sh); a machine without them fails loudly.
 assert HAVE_PLAYWRIGHT and find_chromium(), "needs playwright (pip) and chromium (apt-get install chromium)"
-needs_browser = pytest.mark.usefixtures()
 
 LOREM = "Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 8
 
@@ -307,7 +306,6 @@ def test_legacy_inputs_are_normalised() -> None:
 
 
 # --- RENDER_DOM ------------------------------------------------------------------------------------
-@needs_browser
 def test_render_dom_of_a_javascript_page(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "RENDER_DOM", {"url": "/js.html", "settle_ms": 100})
@@ -324,7 +322,6 @@ def test_render_dom_of_a_javascript_page(pages: str, make_ctx: Any) -> None:
     assert len(page["file"]["sha256"]) == 64
 
 
-@needs_browser
 def test_render_dom_sanitises_and_strips_classes(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "RENDER_DOM", {"url": "{{base_url}}/static.html", "settle_ms": 0, "strip_classes": True,
@@ -336,7 +333,6 @@ def test_render_dom_sanitises_and_strips_classes(pages: str, make_ctx: Any) -> N
         assert bad not in dom
 
 
-@needs_browser
 def test_render_dom_multi_url_form(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "RENDER_DOM", {"urls": ["/js.html", f"{pages}/static.html"], "settle_ms": 0})
@@ -352,7 +348,6 @@ def test_render_dom_multi_url_form(pages: str, make_ctx: Any) -> None:
     assert "1/2 pages failed" in bad.message and "404" in bad.message
 
 
-@needs_browser
 def test_render_dom_status_and_size_failures(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     error = run(ctx, "RENDER_DOM", {"url": "/error", "settle_ms": 0})
@@ -363,7 +358,6 @@ def test_render_dom_status_and_size_failures(pages: str, make_ctx: Any) -> None:
     assert not missing.passed  # 404 and the selector never appears
 
 
-@needs_browser
 def test_render_dom_waits_for_same_host_fetches(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "RENDER_DOM", {"url": "/fetch-same.html", "wait_for_selector": "#out:not(:text('waiting'))"})
@@ -372,7 +366,6 @@ def test_render_dom_waits_for_same_host_fetches(pages: str, make_ctx: Any) -> No
     assert "blocked_requests" not in result.evidence
 
 
-@needs_browser
 def test_identity_headers_and_cookies_reach_the_page(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     ident = Identity(role="tester", headers={"Authorization": "Bearer t0ken-123"})
@@ -387,7 +380,6 @@ def test_identity_headers_and_cookies_reach_the_page(pages: str, make_ctx: Any) 
     assert anon.passed and "auth=none" in ctx.vars["rendered_dom"] and "cookie=none" in ctx.vars["rendered_dom"]
 
 
-@needs_browser
 def test_logged_in_page_via_the_auth_profile(teamnotes: str, make_ctx: Any) -> None:
     ctx = make_ctx(teamnotes, auth=True)
     anonymous = run(ctx, "RENDER_DOM", {"url": "/admin", "settle_ms": 0})
@@ -408,7 +400,6 @@ def test_logged_in_page_via_the_auth_profile(teamnotes: str, make_ctx: Any) -> N
 
 
 # --- SCREENSHOT ------------------------------------------------------------------------------------
-@needs_browser
 def test_screenshot_writes_a_png(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "SCREENSHOT", {"url": "/static.html", "name": "static page", "viewport": "800x600", "settle_ms": 0})
@@ -427,7 +418,6 @@ def test_screenshot_writes_a_png(pages: str, make_ctx: Any) -> None:
 
 
 # --- P18 -------------------------------------------------------------------------------------------
-@needs_browser
 def test_p18_fills_and_clicks_a_login_form(teamnotes: str, make_ctx: Any) -> None:
     ctx = make_ctx(teamnotes, auth=True)
     result = run(ctx, "P18", {
@@ -451,7 +441,6 @@ def test_p18_fills_and_clicks_a_login_form(teamnotes: str, make_ctx: Any) -> Non
     assert not wrong.passed and "expectation failed" in wrong.message
 
 
-@needs_browser
 def test_p18_steps_on_a_js_form_and_missing_selector(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "P18", {"steps": [
@@ -471,7 +460,6 @@ def test_p18_steps_on_a_js_form_and_missing_selector(pages: str, make_ctx: Any) 
 
 
 # --- P19 -------------------------------------------------------------------------------------------
-@needs_browser
 def test_p19_selector_assertions(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     ok = run(ctx, "P19", {"url": "/static.html", "settle_ms": 0, "assertions": [
@@ -499,7 +487,6 @@ def test_p19_selector_assertions(pages: str, make_ctx: Any) -> None:
 
 
 # --- failures and hostile pages ------------------------------------------------------------------------
-@needs_browser
 def test_unreachable_app_is_reported_as_unreachable(make_ctx: Any) -> None:
     port = closed_port()
     ctx = make_ctx(f"http://127.0.0.1:{port}")
@@ -509,7 +496,6 @@ def test_unreachable_app_is_reported_as_unreachable(make_ctx: Any) -> None:
     assert ctx.vars["rendered_dom"] == ""  # no stale DOM from an earlier page for P17
 
 
-@needs_browser
 def test_app_that_never_answers_times_out(make_ctx: Any) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -525,7 +511,6 @@ def test_app_that_never_answers_times_out(make_ctx: Any) -> None:
         listener.close()
 
 
-@needs_browser
 def test_node_deadline_bounds_the_page_budget(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     ctx.start_node_clock(2.0)  # the node has 2 s left although the step asks for 60 s
@@ -536,7 +521,6 @@ def test_node_deadline_bounds_the_page_budget(pages: str, make_ctx: Any) -> None
 
 
 @pytest.mark.parametrize("path", ["/loop.html", "/late-loop.html"])
-@needs_browser
 def test_infinite_js_loop_is_bounded_and_still_read(pages: str, make_ctx: Any, path: str) -> None:
     ctx = make_ctx(pages)
     started = time.monotonic()
@@ -551,7 +535,6 @@ def test_infinite_js_loop_is_bounded_and_still_read(pages: str, make_ctx: Any, p
     assert after.passed, after.message
 
 
-@needs_browser
 def test_huge_dom_is_capped(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     started = time.monotonic()
@@ -563,7 +546,6 @@ def test_huge_dom_is_capped(pages: str, make_ctx: Any) -> None:
     assert len(ctx.vars["rendered_dom"]) <= 5000 and "row 0" in ctx.vars["rendered_dom"]
 
 
-@needs_browser
 def test_renderer_busy_in_native_code_is_a_bounded_failure(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     started = time.monotonic()
@@ -577,7 +559,6 @@ def test_renderer_busy_in_native_code_is_a_bounded_failure(pages: str, make_ctx:
     assert after.passed, after.message
 
 
-@needs_browser
 def test_requests_to_other_hosts_are_blocked(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "RENDER_DOM", {"url": "/external.html", "settle_ms": 300, "timeout_ms": 8000})
@@ -587,7 +568,6 @@ def test_requests_to_other_hosts_are_blocked(pages: str, make_ctx: Any) -> None:
     assert all("127.0.0.1" not in u for u in result.evidence["blocked_examples"])
 
 
-@needs_browser
 def test_dialogs_are_dismissed(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     result = run(ctx, "RENDER_DOM", {"url": "/alert.html", "timeout_ms": 8000, "settle_ms": 200})
@@ -596,7 +576,6 @@ def test_dialogs_are_dismissed(pages: str, make_ctx: Any) -> None:
     assert result.evidence.get("dialogs_dismissed", 0) >= 3
 
 
-@needs_browser
 def test_meta_refresh_to_another_host_fails_bounded(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     started = time.monotonic()
@@ -606,7 +585,6 @@ def test_meta_refresh_to_another_host_fails_bounded(pages: str, make_ctx: Any) -
     assert "example.com" in result.message and "blocked" in result.message
 
 
-@needs_browser
 def test_popups_and_downloads_are_refused(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
     popup = run(ctx, "RENDER_DOM", {"url": "/popup.html", "timeout_ms": 5000, "settle_ms": 300})
@@ -617,7 +595,6 @@ def test_popups_and_downloads_are_refused(pages: str, make_ctx: Any) -> None:
     assert not list(Path(ctx.vars["evidence_dir"]).glob("*payload*"))
 
 
-@needs_browser
 def test_works_from_inside_a_running_event_loop(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
 
@@ -627,7 +604,6 @@ def test_works_from_inside_a_running_event_loop(pages: str, make_ctx: Any) -> No
     assert asyncio.run(inside()).passed
 
 
-@needs_browser
 def test_missing_chromium_is_an_environment_error(pages: str, make_ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAASBENCH_CHROMIUM", "/nonexistent/chromium")
     ctx = make_ctx(pages)
@@ -635,7 +611,6 @@ def test_missing_chromium_is_an_environment_error(pages: str, make_ctx: Any, mon
         run(ctx, "RENDER_DOM", {"url": "/static.html"})
 
 
-@needs_browser
 def test_one_browser_per_run_closed_at_run_end(pages: str, make_ctx: Any) -> None:
     before = set(descendants(os.getpid()))
     ctx = make_ctx(pages)
@@ -656,7 +631,6 @@ def test_one_browser_per_run_closed_at_run_end(pages: str, make_ctx: Any) -> Non
 
 
 # --- through the engine --------------------------------------------------------------------------------
-@needs_browser
 def test_rendered_dom_reaches_the_judge_step(pages: str, tmp_path: Path) -> None:
     seen: list[str] = []
 
