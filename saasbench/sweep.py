@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench import lake as lakelib
 from saasbench import limits
 from saasbench.failures import EnvError, HarnessError, TaskDefect
 from saasbench.gateway import Gateway, GatewayConfig
+from saasbench.judge import JudgeConfig
 from saasbench.trial import run_local_trial
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,10 @@ class SweepSpec(BaseModel):
     models: list[str | None] = Field(default_factory=lambda: [None])
     attempts: int = Field(1, ge=1)
     backend: Literal["local", "docker"] = "local"
-    judge_model: str | None = None
+    judge_model: str | None = Field(None, description="shorthand for judge: {model: ...}")
+    judge: JudgeConfig | None = Field(None, description="the LLM judge of llm-judge nodes (saasbench.judge.JudgeConfig: "
+                                      "model, api_base, api_key_env, retries, votes, ...); none: those nodes are "
+                                      "SKIPPED_LLM")
     lake: str | None = Field(None, description="lake URI; default $SAASBENCH_LAKE or runs/lake")
     concurrency: int = Field(1, ge=1)
     retries: int = Field(2, ge=0, description="retries of infrastructure failures (env_error, judge_error)")
@@ -70,6 +74,14 @@ class SweepSpec(BaseModel):
     @classmethod
     def _id(cls, v: str) -> str:
         return lakelib.check_id(v, "sweep_id")
+
+    @model_validator(mode="after")
+    def _judge(self) -> SweepSpec:
+        if self.judge_model and self.judge is None:
+            self.judge = JudgeConfig(model=self.judge_model)
+        elif self.judge_model and self.judge.model != self.judge_model:
+            raise ValueError(f"judge_model {self.judge_model!r} and judge.model {self.judge.model!r} differ")
+        return self
 
     @field_validator("llm_calls_per_provider")
     @classmethod
@@ -222,7 +234,7 @@ def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
                 access = gateway.for_trial(trial.trial_id)
                 agent = gateway.attach(resolve_agent(trial.agent, trial.model), access)
             with limits.environment_slot():  # the trial's whole environment lifetime
-                result = run_local_trial(task, agent, backend=spec.backend, say=say, model=trial.model)
+                result = run_local_trial(task, agent, backend=spec.backend, say=say, model=trial.model, judge=spec.judge)
         except HarnessError:
             raise
         except Exception as exc:
@@ -234,9 +246,17 @@ def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
             raise
         record_failure(trial, spec, exc, lake=store, started_at=started)
         return exc.outcome
+    outcome = detail = None
+    failures = result.judge_failures
+    if failures and result.outcome == "completed":
+        # the judge failed after its own retries (5, with backoff): an infrastructure outcome, kept
+        # with its node rows (those nodes are SKIPPED_LLM) and not retried, since a rerun would
+        # resample the agent; reports count it apart from valid trials
+        outcome = "judge_error"
+        detail = f"{len(failures)} judge call(s) failed after retries; first: {failures[0]}"
     rows = lakelib.from_trial_result(
         result, sweep_id=spec.sweep_id, trial_id=trial.trial_id, task=task, model=trial.model,
-        attempt=trial.attempt, started_at=started, ended_at=_now(),
+        attempt=trial.attempt, started_at=started, ended_at=_now(), outcome=outcome, outcome_detail=detail,
         model_calls=access.calls() if access is not None else ())
     lakelib.write_trial(store, rows)
     return rows.tables["trials"][0]["outcome"]

@@ -87,10 +87,18 @@ class TrialResult:
     cheat_findings: list = None  # type: ignore[assignment]
     integrity_findings: list = None  # type: ignore[assignment]
     rollout: RolloutResult | None = None
+    judge_calls: list = None  # type: ignore[assignment]  # saasbench.judge.JudgeCall, one per vote
 
     def __post_init__(self) -> None:
         self.cheat_findings = list(self.cheat_findings or [])
         self.integrity_findings = list(self.integrity_findings or [])
+        self.judge_calls = list(self.judge_calls or [])
+
+    @property
+    def judge_failures(self) -> list[str]:
+        """Errors of judge calls that failed after the judge's own retries (their nodes are
+        SKIPPED_LLM): an infrastructure failure, not the agent's."""
+        return [c.error for c in self.judge_calls if getattr(c, "error", None)]
 
     @property
     def outcome_detail(self) -> str | None:
@@ -232,8 +240,10 @@ def rollout_in(env, task, agent, budget, *, say: Callable[[str], None] | None = 
 
 
 def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] | None = None,
-                say: Callable[[str], None] | None = None):
-    """The evaluation part of a trial: start the app (deployment contract), run the DAG. Returns (report, app)."""
+                say: Callable[[str], None] | None = None, judge=None):
+    """The evaluation part of a trial: start the app (deployment contract), run the DAG. Returns
+    (report, app). ``judge``: a :class:`saasbench.judge.Judge` for llm-judge nodes (None: they are
+    SKIPPED_LLM); its ``calls`` hold every vote afterwards."""
     from saasbench.context import RunContext, RunOptions, Target
     from saasbench.engine import Engine
     from saasbench.environment import start_app
@@ -245,10 +255,11 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
     ctx = RunContext(
         Target(base_url=env.base_url, workspace=Path(env.workspace_dir), db_dsn=env.db_dsn, environment=env,
                task_id=task.id),
-        options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s),
+        options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s, judge_enabled=judge is not None),
         auth_profile=task.spec.auth,
         env_defaults=dag.env_defaults,
     )
+    ctx.judge = judge
     say(f"{agent.name}: evaluating {len(dag.nodes)} node(s)")
     return Engine(dag, ctx).run(on_node=on_node), app
 
@@ -256,10 +267,12 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
 def run_local_trial(task, agent_name, *, keep_workspace: bool = False,
                     on_node: Callable[[NodeResult], None] | None = None,
                     say: Callable[[str], None] | None = None, backend: str = "local",
-                    docker_client=None, model: str | None = None, budget=None) -> TrialResult:
+                    docker_client=None, model: str | None = None, budget=None, judge=None) -> TrialResult:
     """Rollout then evaluation in one fresh environment. ``agent_name``: a name, import path or Agent;
-    ``model`` goes to agents that take one; ``budget`` defaults to :func:`task_budget`."""
+    ``model`` goes to agents that take one; ``budget`` defaults to :func:`task_budget`; ``judge``: a
+    :class:`saasbench.judge.JudgeConfig` (or Judge) for llm-judge nodes, None leaves them SKIPPED_LLM."""
     from saasbench.dag import load_dag
+    from saasbench.judge import Judge, JudgeConfig
 
     say = say or (lambda m: None)
     dag = load_dag(task.dag_path).dag
@@ -267,10 +280,12 @@ def run_local_trial(task, agent_name, *, keep_workspace: bool = False,
     with make_environment(task, backend, keep_workspace=keep_workspace, docker_client=docker_client) as env:
         ro = rollout_in(env, task, agent, budget or task_budget(task), say=say, backend=backend)
         say(f"{agent.name}: {ro.outcome}; starting the app")
-        report, app = evaluate_in(env, task, agent, dag, on_node=on_node, say=say)
+        judge = Judge(judge) if isinstance(judge, JudgeConfig) else judge
+        report, app = evaluate_in(env, task, agent, dag, on_node=on_node, say=say, judge=judge)
     return TrialResult(agent=agent.name, report=report, trajectory=ro.trajectory, app_ok=app.ok, app_error=app.error,
                        app_log_tail=app.log_tail, workspace=ro.workspace, outcome=ro.outcome,
-                       cheat_findings=ro.cheat_findings, integrity_findings=ro.integrity_findings, rollout=ro)
+                       cheat_findings=ro.cheat_findings, integrity_findings=ro.integrity_findings, rollout=ro,
+                       judge_calls=list(judge.calls) if judge is not None else [])
 
 
 # --- rollout only ---------------------------------------------------------------------------------------

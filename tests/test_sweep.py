@@ -238,3 +238,54 @@ def test_sweep_cmd_no_prefect(tmp_path, count_runs):
     assert "ran 1 trial(s) now (0 already committed)" in res.output and count_runs == ["nop", "oracle"]
     res = CliRunner().invoke(app, ["sweep", "--task", "timetrack", "--agent", "nop", "--sweep-id", "bad id", "--no-prefect"])
     assert res.exit_code == 2 and "invalid sweep spec" in res.output
+
+
+def _judge(llm, **kw):
+    return {"model": "openai/fake", "api_base": llm.base_url, "retries": 2, "backoff_base_s": 0.01,
+            "backoff_cap_s": 0.02, **kw}
+
+
+def test_sweep_judges_llm_nodes(tmp_path):
+    """The sweep's judge scores the demo task's llm-judge nodes; its calls land in judge_calls."""
+    from fake_llm import FakeLLM, Reply
+
+    with FakeLLM(default=Reply.json({"score": 4, "reasoning": "fine"})) as llm:
+        spec = spec_for(tmp_path, "s-judge", agents=["oracle"], judge=_judge(llm))
+        assert sw.run_sweep_plain(spec) == {"timetrack.oracle.none.0": "completed"}
+        asked = len(llm.chat_requests)
+    nodes = lakelib.query(spec.lake_uri, "SELECT status, score, max_score FROM node_results WHERE method = 'llm-judge'",
+                          sweep_id="s-judge").to_pylist()
+    assert nodes and all(n["status"] == "PASSED" and 0 < n["score"] <= n["max_score"] for n in nodes)
+    calls = lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM judge_calls", sweep_id="s-judge").to_pylist()
+    assert calls == [{"n": len(nodes)}] and asked == len(nodes)
+
+
+def test_judge_500s_are_retried_then_the_trial_is_a_judge_error(tmp_path):
+    """A judge answering 500 is retried by the judge (2 retries here, 5 by default) and then the
+    trial is recorded as judge_error with its node rows (llm-judge nodes SKIPPED_LLM), not rerun:
+    a rerun would resample the agent."""
+    from fake_llm import FakeLLM, Reply
+
+    with FakeLLM(default=Reply.error(500)) as llm:
+        spec = spec_for(tmp_path, "s-judge500", agents=["oracle"], judge=_judge(llm))
+        assert sw.run_sweep_plain(spec, sleep=lambda s: pytest.fail("no trial retry expected")) == {
+            "timetrack.oracle.none.0": "judge_error"}
+        asked = len(llm.chat_requests)
+    (trial,) = lakelib.query(spec.lake_uri, "SELECT outcome, outcome_detail, valid FROM trials",
+                             sweep_id="s-judge500").to_pylist()
+    assert trial["outcome"] == "judge_error" and not trial["valid"] and "500" in trial["outcome_detail"]
+    statuses = lakelib.query(spec.lake_uri, "SELECT DISTINCT status FROM node_results WHERE method = 'llm-judge'",
+                             sweep_id="s-judge500").to_pylist()
+    assert statuses == [{"status": "SKIPPED_LLM"}]
+    n_judge_nodes = lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM node_results WHERE method = 'llm-judge'",
+                                  sweep_id="s-judge500").to_pylist()[0]["n"]
+    assert asked == 3 * n_judge_nodes  # first try + 2 retries per judged node
+    det = lakelib.query(spec.lake_uri, "SELECT deterministic_score FROM trials", sweep_id="s-judge500").to_pylist()
+    assert det == [{"deterministic_score": 100.0}]  # the deterministic nodes still scored
+
+
+def test_judge_model_shorthand():
+    spec = sw.SweepSpec(sweep_id="j", tasks=["t"], agents=["a"], judge_model="openai/x")
+    assert spec.judge is not None and spec.judge.model == "openai/x" and spec.judge.retries == 5
+    with pytest.raises(ValueError, match="differ"):
+        sw.SweepSpec(sweep_id="j", tasks=["t"], agents=["a"], judge_model="openai/x", judge={"model": "openai/y"})

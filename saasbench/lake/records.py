@@ -321,8 +321,8 @@ def from_trial_result(result: Any, *, sweep_id: str, trial_id: str, task: Any = 
         complexity_tier=_get(spec, "complexity_tier"), started_at=started_at, ended_at=ended_at,
         app_ok=getattr(result, "app_ok", None), app_error=getattr(result, "app_error", None), report_uri=report_uri,
     )
-    return trial_rows(info, report, trajectory=traj, judge_calls=judge_calls, env_builds=env_builds,
-                      model_calls=model_calls)
+    return trial_rows(info, report, trajectory=traj, judge_calls=judge_calls or getattr(result, "judge_calls", None) or (),
+                      env_builds=env_builds, model_calls=model_calls)
 
 
 def sweep_row(sweep_id: str, *, config: Any = None, name: str | None = None, created_at: Any = None,
