@@ -35,6 +35,33 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+JudgeModel = Annotated[str | None, typer.Option("--judge-model", help="litellm model of the LLM judge for llm-judge "
+                                                                   "nodes (without one they are SKIPPED_LLM)")]
+JudgeApiBase = Annotated[str | None, typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge")]
+JudgeKeyEnv = Annotated[str | None, typer.Option("--judge-api-key-env", help="NAME of the variable holding the judge's key")]
+GatewayFile = Annotated[Path | None, typer.Option("--gateway", help="Model gateway config YAML (saasbench.gateway."
+                                                                    "GatewayConfig: models, retries, ...)")]
+
+
+def _judge_and_gateway(judge_model: str | None, judge_api_base: str | None, judge_api_key_env: str | None,
+                       gateway: Path | None) -> dict:
+    """SweepSpec fields from the judge and gateway options (empty when none are given)."""
+    import yaml
+
+    out: dict = {}
+    if judge_model:
+        out["judge"] = {"model": judge_model, **({"api_base": judge_api_base} if judge_api_base else {}),
+                        **({"api_key_env": judge_api_key_env} if judge_api_key_env else {})}
+    elif judge_api_base or judge_api_key_env:
+        raise _fail("--judge-api-base/--judge-api-key-env need --judge-model")
+    if gateway is not None:
+        try:
+            out["gateway"] = yaml.safe_load(gateway.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise _fail(f"cannot read {gateway}: {exc}") from None
+    return out
+
+
 def run_cmd(
     task: Annotated[str, typer.Option("--task", help="Task id or folder")],
     agent: Annotated[str, typer.Option("--agent", help="Agent name (oracle, nop, ...)")],
@@ -43,6 +70,10 @@ def run_cmd(
     lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")] = None,
     sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id of the trial (default run-<task>-<agent>)")] = None,
     attempt: Annotated[int, typer.Option("--attempt", help="Attempt number (part of the trial id)")] = 0,
+    judge_model: JudgeModel = None,
+    judge_api_base: JudgeApiBase = None,
+    judge_api_key_env: JudgeKeyEnv = None,
+    gateway: GatewayFile = None,
 ) -> None:
     """Run one trial through the Prefect trial flow and commit it to the lake.
 
@@ -52,15 +83,16 @@ def run_cmd(
 
     if backend not in ("local", "docker"):
         raise _fail(f"--backend must be local or docker, not {backend!r}")
+    extra = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway)
     try:
         spec = SweepSpec(sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}", tasks=[task], agents=[agent],
-                         models=[model], backend=backend, lake=lake)
+                         models=[model], backend=backend, lake=lake, **extra)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     prefect_env()
     from saasbench.flows.trial import trial_flow
 
-    outcome = trial_flow(task=task, agent=agent, model=model, attempt=attempt, sweep=spec.model_dump())
+    outcome = trial_flow(task=task, agent=agent, model=model, attempt=attempt, sweep=spec.model_dump(mode="json"))
     Console().print(f"{escape(task)}/{escape(agent)}: {outcome} (sweep {spec.sweep_id}, lake {escape(spec.lake_uri)})")
 
 
@@ -84,6 +116,10 @@ def sweep_cmd(
     dispatch: Annotated[str, typer.Option(
         "--dispatch", help="local: trials in this process; deployment: each trial a flow run of the 'trial' "
                            "deployment, run by the work pool's workers (needs PREFECT_API_URL)")] = "local",
+    judge_model: JudgeModel = None,
+    judge_api_base: JudgeApiBase = None,
+    judge_api_key_env: JudgeKeyEnv = None,
+    gateway: GatewayFile = None,
 ) -> None:
     """Run a sweep (tasks x agents x models x attempts); re-running a sweep id resumes it.
 
@@ -117,6 +153,7 @@ def sweep_cmd(
             data["llm_calls_per_provider"] = parse_llm_calls(llm_calls)
         except ValueError as exc:
             raise _fail(f"--llm-calls: {exc}") from None
+    data.update(_judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway))
     data.setdefault("sweep_id", "sweep-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
     try:
         spec = SweepSpec.model_validate(data)
@@ -132,7 +169,7 @@ def sweep_cmd(
         prefect_env()
         from saasbench.flows.sweep import sweep_flow
 
-        res = sweep_flow(spec.model_dump(), dispatch=dispatch)
+        res = sweep_flow(spec.model_dump(mode="json"), dispatch=dispatch)
         outcomes, board, html = res["outcomes"], res["leaderboard"], res["html"]
     console.print(f"ran {len(outcomes)} trial(s) now ({len(plan(spec)) - len(outcomes)} already committed)")
     console.print(board, markup=False, highlight=False)

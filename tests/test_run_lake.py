@@ -38,6 +38,14 @@ def reference_turns() -> list[Reply]:
     return turns + [call("finish", {"summary": "TimeTrack implemented"}, "fin")]
 
 
+@pytest.fixture(scope="module")
+def prefect_server():
+    """One temporary Prefect server for the module (a second harness in one process recursed in
+    Prefect's logging)."""
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
 @pytest.fixture
 def llm(monkeypatch):
     with FakeLLM() as server:
@@ -47,7 +55,7 @@ def llm(monkeypatch):
         yield server
 
 
-def test_saasbench_run_builtin_records_trajectory_tokens_and_cost(tmp_path, llm, capsys) -> None:
+def test_saasbench_run_builtin_records_trajectory_tokens_and_cost(tmp_path, llm, capsys, prefect_server) -> None:
     """``saasbench run --task timetrack --agent builtin --model M`` (the typer function, called directly)."""
     from saasbench.dag import load_dag
     from saasbench.tasks import load_task
@@ -55,8 +63,7 @@ def test_saasbench_run_builtin_records_trajectory_tokens_and_cost(tmp_path, llm,
     turns = reference_turns()
     llm.queue(*turns)
     lake = str(tmp_path / "lake")
-    with prefect_test_harness(server_startup_timeout=90):
-        run_cmd(task="timetrack", agent="builtin", model=MODEL, backend="local", lake=lake, sweep_id="run-lake", attempt=0)
+    run_cmd(task="timetrack", agent="builtin", model=MODEL, backend="local", lake=lake, sweep_id="run-lake", attempt=0)
     assert "timetrack/builtin: completed (sweep run-lake" in capsys.readouterr().out
     assert len(llm.chat_requests) == len(turns) and llm.chat_requests[0].body["model"] == "gpt-4o-mini"
     [t] = lakelib.query(lake, "SELECT * FROM trials WHERE sweep_id = 'run-lake'").to_pylist()
@@ -109,3 +116,21 @@ def test_voided_trial_in_the_lake_has_outcome_evidence_and_scores_zero(tmp_path)
     report = sweep_report(lake, "cheat")
     scores = {c.label: c.all.pass_at_1 for c in report.configs}
     assert sorted(scores.values()) == [0.0, 100.0]
+
+
+def test_saasbench_sweep_with_a_judge(tmp_path, capsys, monkeypatch) -> None:
+    """``saasbench sweep --judge-model M --judge-api-base URL`` (the typer function, --no-prefect):
+    llm-judge nodes are scored by the judge (not SKIPPED_LLM) and every vote is a judge_calls row."""
+    from saasbench.cli_flows import sweep_cmd
+
+    lake = str(tmp_path / "lake")
+    monkeypatch.chdir(tmp_path)  # the HTML report goes to runs/reports under the working folder
+    with FakeLLM(default=Reply.json({"score": 5, "reasoning": "clean"})) as judge:
+        sweep_cmd(task=["timetrack"], agent=["oracle"], sweep_id="sweep-judge", lake=lake, no_prefect=True,
+                  judge_model="openai/fake", judge_api_base=judge.base_url)
+        asked = len(judge.chat_requests)
+    assert "| oracle / - | 100.0 | 100.0 | 1/1 |" in capsys.readouterr().out
+    nodes = lakelib.query(lake, "SELECT status FROM node_results WHERE method = 'llm-judge'").to_pylist()
+    assert nodes and {n["status"] for n in nodes} == {"PASSED"}
+    calls = lakelib.query(lake, "SELECT judge_model, score FROM judge_calls").to_pylist()
+    assert len(calls) == len(nodes) == asked and {c["judge_model"] for c in calls} == {"openai/fake"}
