@@ -29,7 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from saasbench.lake import schema as S
-from saasbench.lake.snapshot import BATCHES, MARKER_FORMAT, UNIT_COLUMNS, UnitKey, read_marker_key, resolve, snapshot
+from saasbench.lake.snapshot import (
+    BATCHES,
+    MARKER_FORMAT,
+    UNIT_COLUMNS,
+    UnitKey,
+    read_marker_key,
+    resolve,
+    snapshot,
+    unit_key,
+)
 from saasbench.lake.store import Store, lake_from_uri
 from saasbench.lake.writer import Commit, Hook, _now, _parquet_bytes, to_table
 
@@ -183,7 +192,7 @@ def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: in
     if hook:
         hook("before_cleanup", "")
     held = {k for ks in snap.excluded.values() for k in ks} | {k for k, s in snap.winners.items() if s.batch}
-    doomed = [m for m in snap.consumed if in_scope(_key(m))] + [b for b in snap.dead_batches]
+    doomed = [m for m in snap.consumed if (k := unit_key(m)) and in_scope(k)] + list(snap.dead_batches)
     doomed += [s.marker for k, s in snap.winners.items() if s.deleted and not s.batch and k not in held and in_scope(k)]
     for m in doomed:
         current = read_marker_key(store, m["marker"])
@@ -196,8 +205,3 @@ def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: in
         result.files_deleted += len(keys)
     return result
 
-
-def _key(m: dict[str, Any]) -> UnitKey:
-    from saasbench.lake.snapshot import unit_key
-
-    return unit_key(m) or ("?",)

@@ -35,8 +35,8 @@ import duckdb
 import pyarrow as pa
 
 from saasbench.lake import schema as S
-from saasbench.lake.store import Store, lake_from_uri
 from saasbench.lake.snapshot import UNIT_COLUMNS, Snapshot, snapshot
+from saasbench.lake.store import Store, lake_from_uri
 
 
 def _quote(text: str) -> str:
@@ -101,7 +101,7 @@ def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = Non
         only = f" WHERE sweep_id = {_quote(S.check_id(sweep_id, 'sweep_id'))}" if sweep_id and t.unit != "validation" else ""
         parts: list[str] = []
 
-        def select(keys: list[str], ver: int, hive: bool, alias: str = "") -> str:
+        def select(keys: list[str], ver: int, hive: bool, alias: str = "", name: str = name) -> str:
             have = None if ver == S.SCHEMA_VERSION else described.setdefault((name, ver), _file_columns(con, store, keys[0]))
             return f"SELECT {_columns_sql(name, have, alias)} FROM read_parquet({_paths(store, keys)}, " \
                    f"hive_partitioning={'true' if hive else 'false'}){' ' + alias if alias else ''}"

@@ -33,8 +33,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from saasbench.lake import schema as S
-from saasbench.lake.snapshot import BATCHES, COMMITS, MARKER_FORMAT, read_marker_key, read_markers, snapshot
+from saasbench.lake.snapshot import (
+    BATCHES,
+    COMMITS,
+    MARKER_FORMAT,
+    read_marker_key,
+    read_markers,
+    snapshot,
+)
 from saasbench.lake.store import Store, lake_from_uri
+
 _PART_RE = re.compile(r"^part-(?P<id>.+)\.(?P<gen>[0-9a-f]{16})\.parquet$")
 
 Rows = "pa.Table | Iterable[Mapping[str, Any]]"
