@@ -222,10 +222,6 @@ def _is_lake(x: Any) -> bool:
     return x is None or isinstance(x, (str, Path)) or not hasattr(x, "execute")
 
 
-def _sql_str(x: str) -> str:
-    return "'" + str(x).replace("'", "''") + "'"
-
-
 def _columns(con, view: str) -> set[str]:
     try:
         return {r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()}
@@ -606,8 +602,10 @@ class _LightTrial:
 def _sql_report(con, sweeps: Sequence[str], pass_threshold: float) -> SweepReport | None:
     """The sweep report without NodeResult objects, or None when the rows need the reference path
     (duplicate trial rows, node statuses Status() rejects, views without the lake columns)."""
-    # Each query over the lake views binds every file (read_parquet union_by_name), so the views
-    # are read once each: the columns come from the temporary tables, not from DESCRIBE.
+    # Each query over the lake views reads their files again, so the views are read once each:
+    # the columns come from the temporary tables, not from DESCRIBE.
+    from saasbench.lake.query import _quote  # the lake's one SQL string quoting
+
     marks = ", ".join("?" for _ in sweeps)
     want_t = ", ".join(f"'{c}'" for c in (*TRIAL_COLUMNS, "trajectory"))
     want_n = ", ".join(f"'{c}'" for c in NODE_COLUMNS)
@@ -634,7 +632,7 @@ def _sql_report(con, sweeps: Sequence[str], pass_threshold: float) -> SweepRepor
             f"CREATE OR REPLACE TEMPORARY TABLE {_N} AS "
             "WITH s AS (SELECT sweep_id, trial_id, node_id, node_index, category, method, complexity_tier, "
             f"score, max_score, message, coalesce(nullif(status, ''), 'ERROR') AS st0 FROM node_results "
-            f"WHERE sweep_id IN ({', '.join(_sql_str(x) for x in sweeps)})) "
+            f"WHERE sweep_id IN ({', '.join(_quote(str(x)) for x in sweeps)})) "
             "SELECT t.tord, s.node_index, s.node_id, coalesce(s.category, '') AS cat, s.complexity_tier AS tier, "
             "coalesce(s.method, '') = 'llm-judge' AS llm, s.message, st0, "
             f"CASE WHEN {voided} THEN 'FAILED' ELSE st0 END AS st, "
