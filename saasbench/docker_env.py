@@ -496,7 +496,17 @@ class DockerEnvironment(HostFolderFiles, Environment):
             if state.get("Status") in ("exited", "dead"):
                 raise ServiceError(f"service {name!r} exited with code {state.get('ExitCode')} before it was healthy",
                                    self._container_tail(name))
-            r = self._exec_in(container, hc.argv(), min(hc.timeout, max(0.5, end - time.monotonic())), marker_kill=False)
+            try:
+                r = self._exec_in(container, hc.argv(), min(hc.timeout, max(0.5, end - time.monotonic())),
+                                  marker_kill=False)
+            except EnvError:
+                # the service may exit between the state check and the probe (Docker answers 409);
+                # report that as the service's failure, with its logs, not as an exec error
+                state = self._state(name)
+                if state.get("Status") in ("exited", "dead"):
+                    raise ServiceError(f"service {name!r} exited with code {state.get('ExitCode')} before it was healthy",
+                                       self._container_tail(name)) from None
+                raise
             if r.ok:
                 return
             last = f"exit {r.exit_code}" + (" (timed out)" if r.timed_out else "") + (

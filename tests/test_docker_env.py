@@ -199,6 +199,39 @@ def test_unhealthy_service_fails_with_its_logs(docker_client, busybox_image):
     assert leftovers(docker_client, env.trial_id) == []
 
 
+class _StaleStateEnv(DockerEnvironment):
+    """Reports the first look at ``db`` as running although it has already exited: the window
+    between the health loop's state check and its probe, where Docker answers the exec with 409."""
+
+    stale_looks = 1
+
+    def _state(self, name):
+        state = super()._state(name)
+        if name == "db" and self.stale_looks:
+            deadline = time.monotonic() + 10
+            while state.get("Status") not in ("exited", "dead") and time.monotonic() < deadline:
+                time.sleep(0.05)
+                state = super()._state(name)
+            assert state.get("Status") in ("exited", "dead"), state
+            self.stale_looks -= 1
+            return {"Status": "running"}
+        return state
+
+
+def test_service_exiting_between_state_check_and_probe_is_a_service_error(docker_client, busybox_image):
+    spec = EnvSpec(services={
+        "db": ServiceSpec(image=busybox_image, command=["sh", "-c", "echo last-words-7; exit 4"],
+                          healthcheck={"test": ["CMD", "true"]}),
+        "app": ServiceSpec(image=busybox_image, depends_on={"db": {"condition": "service_healthy"}}),
+    })
+    env = _StaleStateEnv(spec=spec, client=docker_client, health_deadline_s=10)
+    with pytest.raises(ServiceError, match="'db' exited with code 4 before it was healthy") as err:
+        env.start()
+    assert env.stale_looks == 0
+    assert "last-words-7" in err.value.log_tail
+    assert leftovers(docker_client, env.trial_id) == []
+
+
 def test_two_trials_of_one_task_at_once(docker_client, busybox_image):
     spec = EnvSpec(services={"app": ServiceSpec(image=busybox_image)})
     # one reaches the app through the host proxy, the other at its address on the trial network
