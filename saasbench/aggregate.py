@@ -45,6 +45,8 @@ Definitions (per (agent, model) "configuration"; ``scope`` is ``all`` or ``valid
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import random
 from collections import Counter, defaultdict
@@ -54,11 +56,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 from saasbench import scoring
 from saasbench.backbones import BACKBONES, backbone_for, unknown_categories
-from saasbench.lake.schema import INFRA_OUTCOMES  # env_error, judge_error, task_defect: not valid trials
+from saasbench.lake.schema import (
+    INFRA_OUTCOMES,  # env_error, judge_error, task_defect: not valid trials
+)
 from saasbench.results import Aggregate, Counts, NodeResult, Status
 
 DOMAINS: tuple[str, ...] = ("CG", "PC", "CF", "DCI", "SI", "DW")
@@ -272,10 +276,52 @@ def node_result(row: dict[str, Any], *, voided: bool = False) -> NodeResult:
 
 # --- core computation -------------------------------------------------------------------------
 @dataclass
+class _Sums:
+    """The sums behind an Aggregate. Per trial and group they add the group's nodes left to right
+    in node order; pooled over trials they add the per-trial sums in trial order (the order
+    ``node_rollups`` fixes; see :mod:`saasbench.lake.rollups`)."""
+    score: float = 0.0
+    max_score: float = 0.0
+    skipped_llm_max_score: float = 0.0
+    counts: Counter[str] = field(default_factory=Counter)
+    nodes: int = 0
+
+
+def _node_sums(nodes: Iterable[NodeResult]) -> _Sums:
+    s = _Sums()
+    for n in nodes:
+        s.counts[n.status.value] += 1
+        s.nodes += 1
+        if n.status not in scoring.EXCLUDED:
+            s.score += n.score
+            s.max_score += n.max_score
+        if n.status == Status.SKIPPED_LLM:
+            s.skipped_llm_max_score += n.max_score
+    return s
+
+
+def _add_sums(parts: Iterable[_Sums]) -> _Sums:
+    out = _Sums()
+    for p in parts:
+        out.score += p.score
+        out.max_score += p.max_score
+        out.skipped_llm_max_score += p.skipped_llm_max_score
+        out.counts.update(p.counts)
+        out.nodes += p.nodes
+    return out
+
+
+def _agg(s: _Sums) -> Aggregate:
+    return Aggregate(score=round(s.score, 4), max_score=round(s.max_score, 4), percent=_pct(s.score, s.max_score),
+                     nodes=s.nodes, counts=Counts(**s.counts), skipped_llm_max_score=s.skipped_llm_max_score)
+
+
+@dataclass
 class _Trial:
     row: dict[str, Any]
     nodes: list[NodeResult] = field(default_factory=list)
     score: TrialScore | None = None
+    sums: _Sums = field(default_factory=_Sums)
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -283,85 +329,74 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _macro(trials: list[_Trial], per_trial: Callable[[_Trial], float | None]) -> tuple[float | None, int, dict[str, float]]:
-    """Mean over attempts per task (trials with no value left out), then scoring.benchmark_score over tasks."""
+def _macro_of(pairs: Iterable[tuple[str, float | None]]) -> tuple[float | None, int, dict[str, float]]:
+    """From (task, value) pairs in trial order: the mean over attempts per task (None values left
+    out), then scoring.benchmark_score over tasks in order of first appearance."""
     by_task: dict[str, list[float]] = defaultdict(list)
-    for t in trials:
-        v = per_trial(t)
+    for task, v in pairs:
         if v is not None:
-            by_task[t.row["task_id"]].append(v)
+            by_task[task].append(v)
     task_means = {task: sum(v) / len(v) for task, v in by_task.items()}
     return scoring.benchmark_score(task_means.values()), len(task_means), task_means
+
+
+def _macro(trials: list[_Trial], per_trial: Callable[[_Trial], float | None]) -> tuple[float | None, int, dict[str, float]]:
+    """:func:`_macro_of` over trials."""
+    return _macro_of((t.row["task_id"], per_trial(t)) for t in trials)
 
 
 def group_aggregate(nodes: Sequence[NodeResult]) -> Aggregate:
     """``scoring.aggregate(nodes)``, computed in one pass without pydantic attribute writes per node.
 
-    The breakdowns call this once per (trial, group) and per group: tens of thousands of times on a
-    full sweep, where ``scoring.counts`` (a validated ``setattr`` per node) dominates the run time.
     Same exclusion set (``scoring.EXCLUDED``), same sums in the same order, same rounding;
     tests/test_aggregate.py checks it equals ``scoring.aggregate`` field by field on random node sets.
     """
-    score_parts: list[float] = []
-    max_parts: list[float] = []
-    statuses: Counter[str] = Counter()
-    skipped = []
-    for n in nodes:
-        statuses[n.status.value] += 1
-        if n.status not in scoring.EXCLUDED:
-            score_parts.append(n.score)
-            max_parts.append(n.max_score)
-        if n.status == Status.SKIPPED_LLM:
-            skipped.append(n.max_score)
-    score, max_score = sum(score_parts), sum(max_parts)
-    return Aggregate(
-        score=round(score, 4),
-        max_score=round(max_score, 4),
-        percent=round(100 * score / max_score, 2) if max_score > 0 else None,
-        nodes=len(nodes),
-        counts=Counts(**statuses),
-        skipped_llm_max_score=sum(skipped),
-    )
+    return _agg(_node_sums(nodes))
 
 
 def group_percent(nodes: Sequence[NodeResult]) -> float | None:
     """``scoring.aggregate(nodes).percent`` (see :func:`group_aggregate`)."""
-    score_parts: list[float] = []
-    max_parts: list[float] = []
-    for n in nodes:
-        if n.status not in scoring.EXCLUDED:
-            score_parts.append(n.score)
-            max_parts.append(n.max_score)
-    score, max_score = sum(score_parts), sum(max_parts)
-    return round(100 * score / max_score, 2) if max_score > 0 else None
+    s = _node_sums(nodes)
+    return _pct(s.score, s.max_score)
 
 
-def _group(trials: list[_Trial], key: Callable[[NodeResult], str | None]) -> dict[str, GroupScore]:
-    """Per group key: macro score over tasks (per-trial group percent, mean over attempts) and pooled aggregate."""
-    per_trial: list[tuple[_Trial, dict[str, list[NodeResult]]]] = []
+def _group(trials: list[_Trial], key: Callable[[str], str | None] | None, attr: str = "category") -> dict[str, GroupScore]:
+    """Per group: macro score over tasks (per-trial group percent, mean over attempts) and the
+    pooled aggregate (per-trial group sums added in trial order). ``attr``: the node attribute
+    grouped on (category, complexity_tier; None values left out). ``key`` maps categories to
+    coarser groups (backbones): a trial's backbone sums add its categories' sums in category order."""
+    per_trial: list[tuple[_Trial, dict[str, _Sums]]] = []
     keys: dict[str, None] = {}
     for t in trials:
         groups: dict[str, list[NodeResult]] = {}
         for n in t.nodes:
-            k = key(n)
+            k = (n.category or "") if attr == "category" else getattr(n, attr)
             if k is not None:
                 groups.setdefault(k, []).append(n)
-                keys.setdefault(k, None)
-        per_trial.append((t, groups))
+        sums = {k: _node_sums(v) for k, v in groups.items()}
+        if key is not None:
+            coarse: dict[str, list[_Sums]] = {}
+            for k in sorted(sums):
+                c = key(k)
+                if c is not None:
+                    coarse.setdefault(c, []).append(sums[k])
+            sums = {c: _add_sums(v) for c, v in coarse.items()}
+        keys.update(dict.fromkeys(sums))
+        per_trial.append((t, sums))
     out: dict[str, GroupScore] = {}
     for k in keys:
         by_task: dict[str, list[float]] = defaultdict(list)
-        pooled: list[NodeResult] = []
-        for t, groups in per_trial:
-            sel = groups.get(k)
-            if not sel:
+        parts: list[_Sums] = []
+        for t, sums in per_trial:
+            sel = sums.get(k)
+            if sel is None:
                 continue
-            pooled.extend(sel)
-            pct = group_percent(sel)
+            parts.append(sel)
+            pct = _pct(sel.score, sel.max_score)
             if pct is not None:
                 by_task[t.row["task_id"]].append(pct)
         score = scoring.benchmark_score(sum(v) / len(v) for v in by_task.values())
-        out[k] = GroupScore(score=score, pooled=group_aggregate(pooled), tasks=len(by_task))
+        out[k] = GroupScore(score=score, pooled=_agg(_add_sums(parts)), tasks=len(by_task))
     return out
 
 
@@ -372,7 +407,7 @@ def _by_trial_attr(trials: list[_Trial], attr: str, order: Sequence[str] = ()) -
     for k in keys:
         sel = [t for t in trials if t.row.get(attr) == k]
         score, ntasks, _ = _macro(sel, lambda t: t.score.effective_score)
-        out[k] = GroupScore(score=score, pooled=group_aggregate([n for t in sel for n in t.nodes]), tasks=ntasks)
+        out[k] = GroupScore(score=score, pooled=_agg(_add_sums(t.sums for t in sel)), tasks=ntasks)
     return out
 
 
@@ -385,24 +420,32 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _pass_at_k(trials: list[_Trial], threshold: float) -> dict[int, float]:
-    by_task: dict[str, list[float]] = defaultdict(list)
-    for t in trials:
-        by_task[t.row["task_id"]].append(t.score.effective_score)
-    if not by_task:
+def _pass_at_k_of(pairs: Iterable[tuple[str, float]], threshold: float) -> dict[int, float]:
+    """pass@k for k = 1..max attempts from (task, effective score) pairs (see the module doc)."""
+    n_c: dict[str, list[int]] = {}  # per task: [attempts, passing attempts]
+    for task, score in pairs:
+        nc = n_c.setdefault(task, [0, 0])
+        nc[0] += 1
+        nc[1] += score >= threshold
+    if not n_c:
         return {}
     out: dict[int, float] = {}
-    for k in range(1, max(len(v) for v in by_task.values()) + 1):
-        vals = [pass_at_k(len(v), sum(1 for s in v if s >= threshold), k) for v in by_task.values() if len(v) >= k]
+    for k in range(1, max(n for n, _c in n_c.values()) + 1):
+        vals = [pass_at_k(n, c, k) for n, c in n_c.values() if n >= k]
         out[k] = round(100 * sum(vals) / len(vals), 2)
     return out
+
+
+def _pass_at_k(trials: list[_Trial], threshold: float) -> dict[int, float]:
+    return _pass_at_k_of(((t.row["task_id"], t.score.effective_score) for t in trials), threshold)
 
 
 def _scope(trials: list[_Trial], scope: Scope, threshold: float, traj: bool) -> ScopeSummary:
     nodes = [n for t in trials for n in t.nodes]
     p1, ntasks, task_means = _macro(trials, lambda t: t.score.effective_score)
     det, _, _ = _macro(trials, lambda t: t.score.effective_deterministic)
-    bb = _group(trials, lambda n: backbone_for(n.category))
+    bb = _group(trials, backbone_for)
+    total = _agg(_add_sums(t.sums for t in trials))
     return ScopeSummary(
         scope=scope,
         trials=len(trials),
@@ -410,12 +453,12 @@ def _scope(trials: list[_Trial], scope: Scope, threshold: float, traj: bool) -> 
         pass_at_1=p1,
         deterministic=det,
         node_coverage=scoring.node_coverage(nodes),
-        skipped_llm_max_score=round(sum(n.max_score for n in nodes if n.status == Status.SKIPPED_LLM), 4),
-        status_counts=group_aggregate(nodes).counts,
+        skipped_llm_max_score=round(total.skipped_llm_max_score, 4),
+        status_counts=total.counts,
         domains=_by_trial_attr(trials, "domain", DOMAINS),
         backbones={b: bb[b] for b in BACKBONES if b in bb},
-        categories=dict(sorted(_group(trials, lambda n: n.category or "").items())),
-        complexity_tiers=dict(sorted(_group(trials, lambda n: n.complexity_tier).items())),
+        categories=dict(sorted(_group(trials, None).items())),
+        complexity_tiers=dict(sorted(_group(trials, None, "complexity_tier").items())),
         trajectories=_by_trial_attr(trials, "trajectory") if traj else {},
         pass_at_k=_pass_at_k(trials, threshold),
         task_scores={k: round(v, 4) for k, v in sorted(task_means.items())},
@@ -457,6 +500,7 @@ def compute(trial_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]], *
         t.nodes.append(node_result(r, voided=(t.row.get("outcome") == "voided_cheat")))
     mismatches: list[ScoreMismatch] = []
     for t in trials.values():
+        t.sums = _node_sums(t.nodes)
         t.score = _score_trial(t, trajectory)
         stored = t.score.lake_task_score
         if t.nodes and t.row.get("outcome") != "voided_cheat" and not _close(stored, t.score.task_score):
@@ -514,12 +558,26 @@ def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: fl
     sweeps = [sweeps] if isinstance(sweeps, str) else list(sweeps)
     if not sweeps:
         raise ValueError("no sweep given")
-    con = connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
-    report = _sql_report(con, sweeps, pass_threshold)
+    with _gc_paused():
+        con = connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
+        report = _sql_report(con, sweeps, pass_threshold)
     if report is not None:
         return report
     trials, nodes, traj = load_rows(con, sweeps)
     return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """No cyclic garbage collection while the report allocates its ~10 objects per trial: the
+    collector's passes over them took ~20% of a 200-sweep report, and nothing here makes cycles."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def sweep_report_reference(con_or_lake, sweeps: str | Sequence[str], *,
@@ -531,301 +589,377 @@ def sweep_report_reference(con_or_lake, sweeps: str | Sequence[str], *,
     return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
 
 
-# --- fast path: DuckDB prepares the rows, Arrow sums them in the reference order ---------------
-# ``sweep_report`` does not build NodeResult objects. DuckDB reads the node rows of the sweeps,
-# joins them to their trials, applies the voided_cheat and exclusion rules (SKIPPED_LLM,
-# QUARANTINED and DRY_RUN add 0 to numerator and denominator; SKIPPED_DEPENDENCY keeps its
-# maxScore; deterministic = method != 'llm-judge'; PASSED / not QUARANTINED or DRY_RUN for
-# coverage), maps categories to backbones and orders the rows as the reference path reads them
-# (trial order, then node_index, node_id). The numerator / denominator sums per trial, per
-# (trial, group) and per (scope, config, group) are then grouped sums over that ordered Arrow table;
-# only the per-trial / per-task averaging and the rounding run in Python, with the reference
-# path's helpers (_macro, _pass_at_k, scoring.benchmark_score).
+# --- fast path: per-trial rollups summed in the reference order -------------------------------
+# ``sweep_report`` reads ``node_rollups`` (per trial, per (trial, category), per (trial, tier):
+# score sums and status counts, derived by the writer; see saasbench.lake.rollups), about 17 rows
+# per trial, instead of every node row. Sweeps whose rollups are missing (lakes older than them)
+# are rolled up from their node rows with the same function. DuckDB joins the rollups to their
+# trials and applies the voided_cheat rule (every node not excluded becomes FAILED with 0 points);
+# the rest are Arrow group-bys over rows in trial order:
 #
-# Why Arrow and not DuckDB's SUM for the float sums: the reference adds left to right (Python's
-# ``sum``), and a last-bit difference can flip a ``round(x, 2)`` (100 * (0.1 + 0.2) / 240 rounds to
-# 0.13, 100 * 0.3 / 240 to 0.12). DuckDB's ``sum(DOUBLE)`` is compensated (0.1 added ten times
-# gives 1.0, Python gives 0.9999999999999999), so it differs; DuckDB's ordered
-# ``sum(x ORDER BY ...)`` is sequential but took 0.27 s per sum over 1M rows (the report needs about ten).
-# Arrow's single-threaded hash ``sum`` adds each group's values in input order, exactly like
-# Python. Excluded rows add 0.0 (x + 0.0 == x). Counts are integer sums (exact in any order).
+# - per trial: the trial rollup (task score, deterministic score, counts, coverage);
+# - pooled per (config, group): the per-trial group sums added in trial order; a trial's backbone
+#   sums add its categories' sums in category order;
+# - macro per (config, group): per trial the group percent round(100 * s / m, 2), then the mean
+#   over attempts per task and scoring.benchmark_score over tasks in order of first appearance.
+#
+# These are the reference path's definitions and order (tests check both agree). Why Arrow and
+# not DuckDB's SUM for the float sums: DuckDB's ``sum(DOUBLE)`` is compensated (0.1 added ten
+# times gives 1.0, Python's ``sum`` 0.9999999999999999), and a last-bit difference can flip a
+# ``round(x, 2)``; Arrow's single-threaded hash ``sum`` adds each group's values in input order.
 _ST = ("PASSED", "FAILED", "ERROR", "SKIPPED_DEPENDENCY", "SKIPPED_LLM", "DRY_RUN", "QUARANTINED")
-_EXCL_SQL = "('" + "', '".join(sorted(_EXCLUDED_STATUSES)) + "')"
-_T, _N, _BB, _C = ("_saasbench_agg_trials", "_saasbench_agg_nodes", "_saasbench_agg_backbones",
-                   "_saasbench_agg_configs")
-_SUMS = ("ks", "km", "skm") + tuple(f"c_{s}" for s in _ST)
+_T, _R = "_saasbench_agg_trials", "_saasbench_agg_rollups"
+_SUMS = ("nodes", "ks", "km", "skm") + tuple(f"c_{s}" for s in _ST)
 
 
 def _pct(s: float, m: float) -> float | None:
     return round(100 * s / m, 2) if m > 0 else None
 
 
+_TRIAL_SCORES = TypeAdapter(list[TrialScore])
 _EMPTY_SUMS: dict[str, Any] = {"nodes": 0, "ks": 0, "km": 0, "skm": 0, **{f"c_{k}": 0 for k in _ST}}
 
 
 def _agg_from(r: dict[str, Any]) -> Aggregate:
-    """``group_aggregate`` of a group from its sums (same sums, same rounding)."""
+    """The Aggregate of a group from its sums (same rounding as :func:`_agg`)."""
     s, m = r["ks"], r["km"]
     return Aggregate(score=round(s, 4), max_score=round(m, 4), percent=_pct(s, m), nodes=r["nodes"],
                      counts=Counts(**{k: r[f"c_{k}"] for k in _ST}), skipped_llm_max_score=r["skm"])
 
 
-def _grouped(tbl, keys: list[str], cols: Sequence[str]) -> dict[tuple, dict[str, Any]]:
-    """{key tuple: {col: sum, 'nodes': rows}}; sums in input order per group (use_threads=False).
-    Groups whose last key is NULL are dropped (a node without a backbone, a trial without a domain):
-    grouping them and dropping them after is cheaper than filtering the table first."""
+def _sum_table(tbl, keys: list[str], cols: Sequence[str] = _SUMS):
+    """Per key: the sums of ``cols`` in input order (single-threaded hash sum), columns renamed back."""
+    res = tbl.select(list(dict.fromkeys([*keys, *cols]))).group_by(keys, use_threads=False).aggregate(
+        [(c, "sum") for c in cols])
+    return res.rename_columns([c.removesuffix("_sum") for c in res.column_names])
+
+
+def _grouped(tbl, keys: list[str], cols: Sequence[str] = _SUMS) -> dict[tuple, dict[str, Any]]:
+    """{key tuple: {col: sum}}, summed in input order. Groups whose last key is NULL are dropped
+    (a trial without a domain, a category without a backbone)."""
     if tbl.num_rows == 0:
         return {}
-    res = tbl.select(list(dict.fromkeys([*keys, *cols]))).group_by(keys, use_threads=False).aggregate(
-        [(c, "sum") for c in cols] + [([], "count_all")])
+    res = _sum_table(tbl, keys, cols)
     kcols = [res.column(k).to_pylist() for k in keys]
-    vals = [res.column(f"{c}_sum").to_pylist() for c in cols]
-    counts = res.column("count_all").to_pylist()
-    out = {}
-    for i, key in enumerate(zip(*kcols)):
-        if key[-1] is None:
-            continue
-        d = dict(zip(cols, (v[i] for v in vals)))
-        d["nodes"] = counts[i]
-        out[key] = d
+    vals = [res.column(c).to_pylist() for c in cols]
+    return {key: dict(zip(cols, (v[i] for v in vals))) for i, key in enumerate(zip(*kcols)) if key[-1] is not None}
+
+
+def round2(x):
+    """``round(v, 2)`` for every value of a float64 Arrow array, vectorised and bit-identical: away
+    from a tie, rint(v * 100) / 100 is the nearest float to the correctly rounded decimal, as
+    Python's round gives; the few values within 1e-6 of a tie are rounded by Python."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(x, pa.ChunkedArray):
+        x = x.combine_chunks()
+    y = pc.multiply(x, 100.0)
+    out = pc.divide(pc.round(y, 0, round_mode="half_to_even"), 100.0)
+    near = pc.less(pc.abs(pc.subtract(pc.subtract(y, pc.floor(y)), 0.5)), 1e-6)
+    if pc.any(near).as_py():
+        exact = [round(v, 2) for v in x.filter(near).to_pylist()]
+        out = pc.replace_with_mask(out, near, pa.array(exact, pa.float64()))
     return out
 
 
-@dataclass
-class _LightTrial:
-    """A trial row and its TrialScore (all _macro / _pass_at_k read), without node objects."""
-    row: dict[str, Any]
-    score: TrialScore
-    cfg: int = 0
-
-
 def _sql_report(con, sweeps: Sequence[str], pass_threshold: float) -> SweepReport | None:
-    """The sweep report without NodeResult objects, or None when the rows need the reference path
+    """The sweep report from node rollups, or None when the rows need the reference path
     (duplicate trial rows, node statuses Status() rejects, views without the lake columns)."""
-    # Each query over the lake views reads their files again, so the views are read once each:
-    # the columns come from the temporary tables, not from DESCRIBE.
     from saasbench.lake.query import _quote  # the lake's one SQL string quoting
 
-    marks = ", ".join("?" for _ in sweeps)
+    # sweep ids as quoted literals, not parameters: DuckDB tries to import pandas once per parameter
+    in_sweeps = ", ".join(_quote(str(s)) for s in sweeps)
     want_t = ", ".join(f"'{c}'" for c in (*TRIAL_COLUMNS, "trajectory"))
-    want_n = ", ".join(f"'{c}'" for c in NODE_COLUMNS)
     try:
         con.execute(
             f"CREATE OR REPLACE TEMPORARY TABLE {_T} AS SELECT COLUMNS(c -> c IN ({want_t})), "
             "row_number() OVER (ORDER BY sweep_id, task_id, agent, model, attempt, trial_id) - 1 AS tord "
-            f"FROM trials WHERE sweep_id IN ({marks})", list(sweeps))
+            f"FROM trials WHERE sweep_id IN ({in_sweeps})")
         have_t = _columns(con, _T)
         if not set(TRIAL_COLUMNS) <= have_t:
             return None
         traj = "trajectory" in have_t
         if con.execute(f"SELECT count(*) - count(DISTINCT (sweep_id, trial_id)) FROM {_T}").fetchone()[0]:
             return None  # the reference keeps the last row of a duplicated trial: let it
-        con.execute(f"CREATE OR REPLACE TEMPORARY VIEW {_N}_raw AS SELECT COLUMNS(c -> c IN ({want_n})) "
-                    "FROM node_results LIMIT 0")
-        if not set(NODE_COLUMNS) <= _columns(con, f"{_N}_raw"):
+        source = _rollup_source(con, sweeps, _quote)
+        if source is None:
             return None
-        import pyarrow as pa
-
-        con.register(f"{_N}_sweeps", pa.table({"sweep_id": pa.array(list(sweeps), pa.string())}))
-        voided = f"coalesce(t.outcome = 'voided_cheat', false) AND st0 NOT IN {_EXCL_SQL}"
-        con.execute(
-            f"CREATE OR REPLACE TEMPORARY TABLE {_N} AS "
-            "WITH s AS (SELECT sweep_id, trial_id, node_id, node_index, category, method, complexity_tier, "
-            f"score, max_score, message, coalesce(nullif(status, ''), 'ERROR') AS st0 FROM node_results "
-            f"WHERE sweep_id IN ({', '.join(_quote(str(x)) for x in sweeps)})) "
-            "SELECT t.tord, s.node_index, s.node_id, coalesce(s.category, '') AS cat, s.complexity_tier AS tier, "
-            "coalesce(s.method, '') = 'llm-judge' AS llm, s.message, st0, "
-            f"CASE WHEN {voided} THEN 'FAILED' ELSE st0 END AS st, "
-            f"CASE WHEN {voided} THEN 0.0 ELSE coalesce(s.score, 0.0) END AS sc, "
-            f"coalesce(s.max_score, 0.0) AS mx, st0 IN {_EXCL_SQL} AS excl "
-            f"FROM s LEFT JOIN {_T} t ON t.sweep_id = s.sweep_id AND t.trial_id = s.trial_id")
-        con.execute(f"DROP VIEW {_N}_raw")
-        con.unregister(f"{_N}_sweeps")
-        known = ", ".join(f"'{s}'" for s in _ST)
-        orphans, bad = con.execute(f"SELECT count_if(tord IS NULL), count_if(st0 NOT IN ({known})) FROM {_N}").fetchone()
-        if bad:
-            return None  # Status(...) raises on it in the reference path: let it
-        return _sql_compute(con, sweeps, pass_threshold, traj, orphans or 0)  # count_if over no rows is NULL
+        return _rollup_compute(con, source, sweeps, pass_threshold, traj)
     finally:
-        for name in (_T, _N, _BB, _C):
-            con.execute(f"DROP TABLE IF EXISTS {name}")
-        con.execute(f"DROP VIEW IF EXISTS {_N}_raw")
+        con.execute(f"DROP TABLE IF EXISTS {_T}")
+        con.execute(f"DROP TABLE IF EXISTS {_R}")
+        for name in (f"{_R}_computed", f"{_R}_issues"):
+            with contextlib.suppress(Exception):
+                con.unregister(name)
 
 
-def _sql_compute(con, sweeps: Sequence[str], pass_threshold: float, traj: bool, orphans: int) -> SweepReport:
+def _rollup_source(con, sweeps: Sequence[str], quote: Callable[[str], str]) -> str | None:
+    """SQL for the node_rollups rows of ``sweeps``: the lake's, and for sweeps whose rollups are
+    missing (or a connection that cannot tell), rolled up now from their node rows."""
+    from saasbench.lake import schema as LS
+    from saasbench.lake.query import ROLLUPS_MISSING, _arrow
+    from saasbench.lake.rollups import node_rollups
+
+    try:
+        missing = {r[0] for r in con.execute(f"SELECT sweep_id FROM {ROLLUPS_MISSING}").fetchall()}
+    except Exception:  # noqa: BLE001 - not a lake connection: roll everything up from the node rows
+        missing = set(sweeps)
+    cols = ", ".join(LS.NODE_ROLLUPS.names)
+    if not set(LS.NODE_ROLLUPS.names) <= _columns(con, "node_rollups"):
+        missing = set(sweeps)
+    stored = [s for s in sweeps if s not in missing]
+    parts = [f"SELECT {cols} FROM node_rollups WHERE sweep_id IN ({', '.join(quote(s) for s in stored)})"] if stored else []
+    redo = [s for s in sweeps if s in missing]
+    if redo:
+        need = ("sweep_id", "trial_id", "task_id", "agent", "model", "attempt", "node_id", "node_index", "category",
+                "method", "complexity_tier", "status", "score", "max_score")
+        if not set(need) <= _columns(con, "node_results"):
+            return None
+        nodes = _arrow(con.execute(f"SELECT {', '.join(need)} FROM node_results "
+                                   f"WHERE sweep_id IN ({', '.join(quote(s) for s in redo)})"))
+        con.register(f"{_R}_computed", node_rollups(nodes))
+        parts.append(f"SELECT {cols} FROM {_R}_computed")
+    return " UNION ALL ".join(parts) if parts else f"SELECT {cols} FROM node_rollups WHERE false"
+
+
+def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: float, traj: bool) -> SweepReport | None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from saasbench.lake.query import _arrow
+    from saasbench.lake.query import _arrow, _quote
 
-    trial_rows = _fetch(con, f"SELECT * FROM {_T} ORDER BY tord", [])
+    v = "coalesce(t.outcome = 'voided_cheat', false)"
+    con.execute(
+        f"CREATE OR REPLACE TEMPORARY TABLE {_R} AS SELECT t.tord, "
+        "CASE r.kind WHEN 'trial' THEN 0 WHEN 'category' THEN 1 WHEN 'tier' THEN 2 END::TINYINT AS kind, "
+        f"r.key, r.nodes, CASE WHEN {v} THEN 0.0 ELSE r.score END AS ks, r.max_score AS km, "
+        f"CASE WHEN {v} THEN 0.0 ELSE r.det_score END AS dks, r.det_max_score AS dkm, r.skipped_llm_max_score AS skm, "
+        f"CASE WHEN {v} THEN 0 ELSE r.passed END AS c_PASSED, "
+        f"CASE WHEN {v} THEN r.nodes - r.skipped_llm - r.dry_run - r.quarantined - r.other_status ELSE r.failed END "
+        f"AS c_FAILED, CASE WHEN {v} THEN 0 ELSE r.error END AS c_ERROR, "
+        f"CASE WHEN {v} THEN 0 ELSE r.skipped_dependency END AS c_SKIPPED_DEPENDENCY, r.skipped_llm AS c_SKIPPED_LLM, "
+        "r.dry_run AS c_DRY_RUN, r.quarantined AS c_QUARANTINED, r.other_status AS other "
+        f"FROM ({source}) r LEFT JOIN {_T} t ON t.sweep_id = r.sweep_id AND t.trial_id = r.trial_id")
+    orphans, other = con.execute(f"SELECT coalesce(sum(nodes) FILTER (tord IS NULL AND kind = 0), 0), "
+                                 f"coalesce(sum(other) FILTER (tord IS NOT NULL AND kind = 0), 0) FROM {_R}").fetchone()
+    if other:
+        return None  # Status(...) raises on it in the reference path: let it
+
+    # one row per trial in trial order, its rollup sums (0 without node rows)
+    sums = ", ".join(f"coalesce(r.{c}, 0) AS {c}" for c in (*_SUMS, "dks", "dkm"))
+    tt = _arrow(con.execute(f"SELECT t.*, {sums} FROM {_T} t LEFT JOIN {_R} r ON r.tord = t.tord AND r.kind = 0 "
+                            "ORDER BY t.tord"))
+    n = tt.num_rows
+    col = {c: tt.column(c).to_pylist() for c in ("sweep_id", "trial_id", "task_id", "agent", "model", "domain",
+                                                 "outcome", "task_score", "nodes", "c_PASSED")}
+    outcomes = [o or "completed" for o in col["outcome"]]
+    valid = [o not in INFRA_OUTCOMES for o in outcomes]
+    trajs = tt.column("trajectory").to_pylist() if traj else [None] * n
+    ts_arr, ds_arr = _pct_array(tt.column("ks"), tt.column("km")), _pct_array(tt.column("dks"), tt.column("dkm"))
+    pool = pc.subtract(pc.subtract(tt.column("nodes"), tt.column("c_QUARANTINED")), tt.column("c_DRY_RUN"))
+    coverage = _pct_array(tt.column("c_PASSED"), pool)
+    ts = ts_arr.to_pylist()
+    eff = pc.fill_null(ts_arr, 0.0).to_pylist()
+    effd = pc.fill_null(ds_arr, 0.0).to_pylist()
+    counts = pa.StructArray.from_arrays([tt.column(f"c_{k}").combine_chunks() for k in _ST], names=list(_ST))
+    trial_table = pa.table({
+        "sweep_id": tt.column("sweep_id"), "trial_id": tt.column("trial_id"), "task_id": tt.column("task_id"),
+        "agent": tt.column("agent"), "model": tt.column("model"), "attempt": pc.fill_null(tt.column("attempt"), 0),
+        "domain": tt.column("domain"), "outcome": pa.array(outcomes, pa.string()), "valid": pa.array(valid, pa.bool_()),
+        "trajectory": pa.array(trajs, pa.string()), "task_score": ts_arr, "deterministic_score": ds_arr,
+        "effective_score": pa.array(eff, pa.float64()), "effective_deterministic": pa.array(effd, pa.float64()),
+        "node_coverage": coverage, "nodes": tt.column("nodes"), "skipped_llm_max_score": tt.column("skm"),
+        "counts": counts, "lake_task_score": tt.column("task_score")})
+    trial_scores = _TRIAL_SCORES.validate_python(trial_table.to_pylist())  # one Rust-side validation of all rows
+    mismatches = [ScoreMismatch(trial_id=col["trial_id"][i], stored=col["task_score"][i], recomputed=ts[i])
+                  for i in range(n) if col["nodes"][i] and col["outcome"][i] != "voided_cheat"
+                  and not _close(col["task_score"][i], ts[i])]
     cfg_index: dict[tuple[str | None, str | None], int] = {}
-    cfgs = [cfg_index.setdefault((r.get("agent"), r.get("model")), len(cfg_index)) for r in trial_rows]
-    valid = [(r.get("outcome") or "completed") not in INFRA_OUTCOMES for r in trial_rows]
-    con.register(f"{_C}_arrow", pa.table({
-        "tord": pa.array([r["tord"] for r in trial_rows], pa.int64()),
-        "cfg": pa.array(cfgs, pa.int32()),
-        "is_valid": pa.array(valid, pa.bool_()),
-        "domain": pa.array([r.get("domain") or None for r in trial_rows], pa.string()),
-        "traj": pa.array([(r.get("trajectory") or None) if traj else None for r in trial_rows], pa.string()),
-    }))
-    con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {_C} AS SELECT * FROM {_C}_arrow")
-    con.unregister(f"{_C}_arrow")
-    cats = [c for (c,) in con.execute(f"SELECT DISTINCT cat FROM {_N} WHERE tord IS NOT NULL").fetchall()]
-    con.register(f"{_BB}_arrow", pa.table({"cat": pa.array(cats, pa.string()),
-                                           "backbone": pa.array([backbone_for(c) for c in cats], pa.string())}))
-    con.execute(f"CREATE OR REPLACE TEMPORARY TABLE {_BB} AS SELECT * FROM {_BB}_arrow WHERE backbone IS NOT NULL")
-    con.unregister(f"{_BB}_arrow")
+    cfgs = [cfg_index.setdefault(am, len(cfg_index)) for am in zip(col["agent"], col["model"])]
+    task_index: dict[str, int] = {}
+    tasks = [task_index.setdefault(t, len(task_index)) for t in col["task_id"]]
+    attrs = {"cfg": pa.array(cfgs, pa.int32()), "task": pa.array(tasks, pa.int32()),
+             "is_valid": pa.array(valid, pa.bool_()),
+             "domain": pa.array([d or None for d in col["domain"]], pa.string()),
+             "traj": pa.array([x or None for x in trajs], pa.string())}
 
-    # every node row of a trial, in the reference order, with the addends of every sum
-    counts = ", ".join(f"(st = '{s}')::INTEGER AS c_{s}" for s in _ST)
-    nodes = _arrow(con.execute(
-        "SELECT n.tord, c.cfg, c.is_valid, c.domain, c.traj, n.cat, n.tier, b.backbone, "
-        "CASE WHEN excl THEN 0.0 ELSE sc END AS ks, CASE WHEN excl THEN 0.0 ELSE mx END AS km, "
-        "CASE WHEN excl OR llm THEN 0.0 ELSE sc END AS dks, CASE WHEN excl OR llm THEN 0.0 ELSE mx END AS dkm, "
-        f"CASE WHEN st = 'SKIPPED_LLM' THEN mx ELSE 0.0 END AS skm, {counts} "
-        f"FROM {_N} n JOIN {_C} c USING (tord) LEFT JOIN {_BB} b USING (cat) "
-        "ORDER BY n.tord, n.node_index, n.node_id"))
+    def with_attrs(tbl, names: Sequence[str]):
+        idx = tbl.column("tord")
+        for name in names:
+            tbl = tbl.append_column(name, attrs[name].take(idx) if tbl.num_rows else pa.array([], attrs[name].type))
+        return tbl
 
-    per_trial = _grouped(nodes, ["tord"], _SUMS + ("dks", "dkm"))
-    trials: list[_LightTrial] = []
-    mismatches: list[ScoreMismatch] = []
-    for r, cfg in zip(trial_rows, cfgs):
-        a = per_trial.get((r["tord"],), _EMPTY_SUMS)
-        ts = _pct(a["ks"], a["km"])
-        ds = _pct(a.get("dks", 0), a.get("dkm", 0))
-        pool = a["nodes"] - a["c_QUARANTINED"] - a["c_DRY_RUN"]
-        outcome = r.get("outcome") or "completed"
-        score = TrialScore(
-            sweep_id=r["sweep_id"], trial_id=r["trial_id"], task_id=r["task_id"], agent=r.get("agent"),
-            model=r.get("model"), attempt=int(r.get("attempt") or 0), domain=r.get("domain"), outcome=outcome,
-            valid=outcome not in INFRA_OUTCOMES, trajectory=r.get("trajectory") if traj else None,
-            task_score=ts, deterministic_score=ds,
-            effective_score=ts if ts is not None else 0.0,
-            effective_deterministic=ds if ds is not None else 0.0,
-            node_coverage=round(100 * a["c_PASSED"] / pool, 2) if pool else None, nodes=a["nodes"],
-            skipped_llm_max_score=a["skm"], counts=Counts(**{k: a[f"c_{k}"] for k in _ST}),
-            lake_task_score=r.get("task_score"),
-        )
-        trials.append(_LightTrial(r, score, cfg))
-        if a["nodes"] and r.get("outcome") != "voided_cheat" and not _close(score.lake_task_score, ts):
-            mismatches.append(ScoreMismatch(trial_id=r["trial_id"], stored=score.lake_task_score, recomputed=ts))
+    # per (trial, group) rows in trial order: categories, tiers, and backbones from categories
+    rows = _arrow(con.execute(f"SELECT * EXCLUDE (dks, dkm, other) FROM {_R} WHERE tord IS NOT NULL AND kind > 0 "
+                              "ORDER BY tord, kind, key"))
+    cat_rows = rows.filter(pc.equal(rows.column("kind"), 1))
+    cats = pc.unique(cat_rows.column("key")).to_pylist()
+    bb_of = pa.array([backbone_for(c) for c in cats], pa.string())
+    with_bb = cat_rows.append_column("backbone", bb_of.take(pc.index_in(cat_rows.column("key"), pa.array(cats, pa.string()))))
+    bb_rows = _sum_table(with_bb, ["tord", "backbone"])  # per trial: its categories' sums in category order
+    bb_rows = bb_rows.filter(pc.is_valid(bb_rows.column("backbone")))
+    bb_rows = bb_rows.take(pc.sort_indices(bb_rows, [("tord", "ascending")])).rename_columns(["tord", "key", *_SUMS])
+    groups = {"categories": with_attrs(cat_rows, ["cfg", "task", "is_valid"]),
+              "complexity_tiers": with_attrs(rows.filter(pc.equal(rows.column("kind"), 2)), ["cfg", "task", "is_valid"]),
+              "backbones": with_attrs(bb_rows, ["cfg", "task", "is_valid"])}
+    per_trial = tt.select(["tord", *_SUMS]).filter(pc.greater(tt.column("nodes"), 0))
+    per_trial = with_attrs(per_trial, ["cfg", "is_valid", "domain", "traj"])
 
-    # node groups: (column, kind); domain and trajectory are trial attributes
-    kinds = [("cat", "categories"), ("tier", "complexity_tiers"), ("backbone", "backbones"), ("domain", "domains")]
-    if traj:
-        kinds.append(("traj", "trajectories"))
-    # 'valid' pools other node rows than 'all' only in configs where an infra trial has node rows
-    split = sorted({t.cfg for t in trials if not t.score.valid and t.score.nodes})
-    scopes = [("all", nodes)]
-    if split:
-        scopes.append(("valid", nodes.filter(pc.and_(nodes.column("is_valid"),
-                                                     pc.is_in(nodes.column("cfg"), pa.array(split, pa.int32()))))))
     pooled: dict[tuple[str, int, str, Any], dict[str, Any]] = {}
-    for scope, tbl in scopes:
-        for (cfg,), v in _grouped(tbl, ["cfg"], _SUMS).items():
-            pooled[(scope, cfg, "total", "")] = v
-        for col, kind in kinds:
-            for (cfg, key), v in _grouped(tbl, ["cfg", col], _SUMS).items():
-                pooled[(scope, cfg, kind, key)] = v
-    for (scope, cfg, kind, key), v in list(pooled.items()):
-        if scope == "all" and cfg not in split:
-            pooled[("valid", cfg, kind, key)] = v
+    macro: dict[tuple[str, int, str, Any], list[float]] = {}
+    for scope in ("all", "valid"):
+        def sel(tbl, scope: str = scope):
+            return tbl if scope == "all" else tbl.filter(tbl.column("is_valid"))
 
-    # per (trial, group): the trial's group percent, appended in trial order (macro breakdowns)
-    macro: dict[tuple[str, int, str, Any], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for col, kind in kinds[:3]:
-        res = nodes.select(["tord", col, "ks", "km"]).group_by(["tord", col], use_threads=False).aggregate(
-            [("ks", "sum"), ("km", "sum")])
-        res = res.filter(pc.and_(pc.is_valid(res.column(col)), pc.greater(res.column("km_sum"), 0)))
-        res = res.take(pc.sort_indices(res, [("tord", "ascending")]))  # trial order; stable within a trial
-        for tord, key, ks, km in zip(*(res.column(c).to_pylist() for c in ("tord", col, "ks_sum", "km_sum"))):
-            pct = round(100 * ks / km, 2)
-            t = trials[tord]
-            macro[("all", t.cfg, kind, key)][t.row["task_id"]].append(pct)
-            if t.score.valid:
-                macro[("valid", t.cfg, kind, key)][t.row["task_id"]].append(pct)
+        pt = sel(per_trial)
+        for (cfg,), s in _grouped(pt, ["cfg"]).items():
+            pooled[(scope, cfg, "total", "")] = s
+        for attr, kind in (("domain", "domains"), ("traj", "trajectories")):
+            for (cfg, key), s in _grouped(pt, ["cfg", attr]).items():
+                pooled[(scope, cfg, kind, key)] = s
+        for kind, tbl in groups.items():
+            tbl = sel(tbl)
+            for (cfg, key), s in _grouped(tbl, ["cfg", "key"]).items():
+                pooled[(scope, cfg, kind, key)] = s
+            # macro: per trial the group percent, mean over attempts per task, mean over tasks
+            tbl = tbl.filter(pc.greater(tbl.column("km"), 0))
+            if not tbl.num_rows:
+                continue
+            tbl = tbl.append_column("pct", round2(pc.divide(pc.multiply(tbl.column("ks"), 100.0), tbl.column("km"))))
+            res = tbl.select(["cfg", "key", "task", "pct", "tord"]).group_by(
+                ["cfg", "key", "task"], use_threads=False).aggregate([("pct", "sum"), ("pct", "count"), ("tord", "min")])
+            res = res.take(pc.sort_indices(res, [("tord_min", "ascending")]))
+            for cfg, key, total, cnt in zip(*(res.column(c).to_pylist() for c in ("cfg", "key", "pct_sum", "pct_count"))):
+                macro.setdefault((scope, cfg, kind, key), []).append(total / cnt)
 
     by_kind: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
     for (scope, cfg, kind, key) in pooled:
         by_kind[(scope, cfg, kind)].append(key)
 
-    def groups(scope: str, cfg: int, kind: str) -> dict[str, GroupScore]:
+    def node_groups(scope: str, cfg: int, kind: str) -> dict[str, GroupScore]:
         out = {}
         for key in by_kind.get((scope, cfg, kind), []):
-            by_task = macro.get((scope, cfg, kind, key), {})
-            out[key] = GroupScore(score=scoring.benchmark_score(sum(v) / len(v) for v in by_task.values()),
-                                  pooled=_agg_from(pooled[(scope, cfg, kind, key)]), tasks=len(by_task))
+            means = macro.get((scope, cfg, kind, key), [])
+            out[key] = GroupScore(score=scoring.benchmark_score(means), pooled=_agg_from(pooled[(scope, cfg, kind, key)]),
+                                  tasks=len(means))
         return out
 
-    def by_attr(sel: list[_LightTrial], scope: str, cfg: int, attr: str, kind: str,
+    task_ids = col["task_id"]
+
+    def by_attr(idx: list[int], scope: str, cfg: int, values: list[Any], kind: str,
                 order: Sequence[str] = ()) -> dict[str, GroupScore]:
-        present = {t.row.get(attr) for t in sel if t.row.get(attr)}
+        split: dict[str, list[int]] = {}
+        for i in idx:
+            if values[i]:
+                split.setdefault(values[i], []).append(i)
         out = {}
-        for k in [k for k in order if k in present] + sorted(present - set(order)):
-            score, ntasks, _ = _macro([t for t in sel if t.row.get(attr) == k],  # type: ignore[arg-type]
-                                      lambda t: t.score.effective_score)
+        for k in [k for k in order if k in split] + sorted(set(split) - set(order)):
+            score, ntasks, _ = _macro_of((task_ids[i], eff[i]) for i in split[k])
             out[k] = GroupScore(score=score, pooled=_agg_from(pooled.get((scope, cfg, kind, k), _EMPTY_SUMS)),
                                 tasks=ntasks)
         return out
 
-    def summary(sel: list[_LightTrial], scope: Scope, cfg: int) -> ScopeSummary:
-        p1, ntasks, task_means = _macro(sel, lambda t: t.score.effective_score)  # type: ignore[arg-type]
-        det, _, _ = _macro(sel, lambda t: t.score.effective_deterministic)  # type: ignore[arg-type]
+    def summary(idx: list[int], scope: Scope, cfg: int) -> ScopeSummary:
+        p1, ntasks, task_means = _macro_of((task_ids[i], eff[i]) for i in idx)
+        det, _, _ = _macro_of((task_ids[i], effd[i]) for i in idx)
         total = pooled.get((scope, cfg, "total", ""), _EMPTY_SUMS)
         pool = total["nodes"] - total["c_QUARANTINED"] - total["c_DRY_RUN"]
-        bb = groups(scope, cfg, "backbones")
+        bb = node_groups(scope, cfg, "backbones")
         return ScopeSummary(
-            scope=scope, trials=len(sel), tasks=ntasks, pass_at_1=p1, deterministic=det,
+            scope=scope, trials=len(idx), tasks=ntasks, pass_at_1=p1, deterministic=det,
             node_coverage=round(100 * total["c_PASSED"] / pool, 2) if pool else None,
             skipped_llm_max_score=round(total["skm"], 4),
             status_counts=Counts(**{k: total[f"c_{k}"] for k in _ST}),
-            domains=by_attr(sel, scope, cfg, "domain", "domains", DOMAINS),
+            domains=by_attr(idx, scope, cfg, col["domain"], "domains", DOMAINS),
             backbones={b: bb[b] for b in BACKBONES if b in bb},
-            categories=dict(sorted(groups(scope, cfg, "categories").items())),
-            complexity_tiers=dict(sorted(groups(scope, cfg, "complexity_tiers").items())),
-            trajectories=by_attr(sel, scope, cfg, "trajectory", "trajectories") if traj else {},
-            pass_at_k=_pass_at_k(sel, pass_threshold),  # type: ignore[arg-type]
+            categories=dict(sorted(node_groups(scope, cfg, "categories").items())),
+            complexity_tiers=dict(sorted(node_groups(scope, cfg, "complexity_tiers").items())),
+            trajectories=by_attr(idx, scope, cfg, trajs, "trajectories") if traj else {},
+            pass_at_k=_pass_at_k_of(((task_ids[i], eff[i]) for i in idx), pass_threshold),
             task_scores={k: round(v, 4) for k, v in sorted(task_means.items())},
         )
 
-    by_cfg: dict[int, list[_LightTrial]] = defaultdict(list)
-    for t in trials:
-        by_cfg[t.cfg].append(t)
+    by_cfg: dict[int, list[int]] = defaultdict(list)
+    for i, cfg in enumerate(cfgs):
+        by_cfg[cfg].append(i)
     reports = []
     for (agent, model), cfg in sorted(cfg_index.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
-        ts = by_cfg[cfg]
-        vs = [t for t in ts if t.score.valid]
+        idx = by_cfg[cfg]
+        vidx = [i for i in idx if valid[i]]
         reports.append(ConfigReport(
             agent=agent, model=model,
-            outcome_counts=dict(sorted(Counter(t.score.outcome for t in ts).items())),
-            valid_trials=len(vs), infra_trials=len(ts) - len(vs),
-            all=summary(ts, "all", cfg), valid=summary(vs, "valid", cfg),
+            outcome_counts=dict(sorted(Counter(outcomes[i] for i in idx).items())),
+            valid_trials=len(vidx), infra_trials=len(idx) - len(vidx),
+            all=summary(idx, "all", cfg), valid=summary(vidx, "valid", cfg),
         ))
 
-    unknown_nodes = nodes.num_rows - pc.count(nodes.column("backbone")).as_py()
-    issues = []
-    for tord, node_id, cat, st, message in con.execute(
-            f"SELECT tord, node_id, cat, st, message FROM {_N} WHERE tord IS NOT NULL AND st <> 'PASSED' "
-            f"ORDER BY tord, node_index, node_id LIMIT {MAX_ISSUES}").fetchall():
-        r = trials[tord].row
-        issues.append(NodeIssue(trial_id=r["trial_id"], agent=r.get("agent"), model=r.get("model"),
-                                task_id=r["task_id"], node_id=str(node_id), category=cat, status=st,
-                                message=(message or "")[:MESSAGE_CHARS]))
-    present = {t.row.get("domain") for t in trials if t.row.get("domain")}
+    cat_nodes = dict(zip(*(_sum_table(cat_rows, ["key"], ["nodes"]).column(c).to_pylist() for c in ("key", "nodes"))))
+    present = {d for d in col["domain"] if d}
+    bad = [nodes - passed for nodes, passed in zip(col["nodes"], pc.fill_null(counts.field("PASSED"), 0).to_pylist())]
     return SweepReport(
-        node_issues=issues,
+        node_issues=_node_issues(con, col, bad, _quote),
         orphan_node_rows=orphans,
-        sweeps=list(sweeps) or sorted({t.row["sweep_id"] for t in trials}),
+        sweeps=list(sweeps) or sorted(set(col["sweep_id"])),
         pass_threshold=pass_threshold,
         configs=reports,
-        trials=[t.score for t in trials],
+        trials=trial_scores,
         domains=[d for d in DOMAINS if d in present] + sorted(present - set(DOMAINS)),
         unknown_categories=unknown_categories(cats),
-        unknown_category_nodes=unknown_nodes,
+        unknown_category_nodes=sum(nodes for c, nodes in cat_nodes.items() if backbone_for(c) is None),
         trajectory_available=traj,
         score_mismatches=mismatches,
     )
+
+
+def _pct_array(s, m):
+    """``_pct`` over Arrow arrays: round(100 * s / m, 2) where m > 0, else null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    s, m = pc.cast(s, pa.float64()), pc.cast(m, pa.float64())
+    positive = pc.greater(m, 0.0)
+    pct = round2(pc.divide(pc.multiply(s, 100.0), pc.if_else(positive, m, 1.0)))
+    return pc.if_else(positive, pct, pa.scalar(None, pa.float64()))
+
+
+def _node_issues(con, col: dict[str, list[Any]], bad: list[int], quote: Callable[[str], str]) -> list[NodeIssue]:
+    """The first MAX_ISSUES node rows that did not pass, in trial and node order: the rollups say
+    which trials hold them (``bad``: per trial, nodes not PASSED), so only those trials' node rows are read."""
+    import pyarrow as pa
+
+    need: list[int] = []
+    count = 0
+    for tord, b in enumerate(bad):
+        if b > 0:
+            need.append(tord)
+            count += b
+            if count >= MAX_ISSUES:
+                break
+    if not need:
+        return []
+    con.register(f"{_R}_issues", pa.table({
+        "tord": pa.array(need, pa.int64()),
+        "sweep_id": pa.array([col["sweep_id"][i] for i in need], pa.string()),
+        "trial_id": pa.array([col["trial_id"][i] for i in need], pa.string()),
+        "voided": pa.array([col["outcome"][i] == "voided_cheat" for i in need], pa.bool_())}))
+    sweeps = ", ".join(quote(s) for s in sorted({col["sweep_id"][i] for i in need}))
+    trial_ids = ", ".join(quote(s) for s in sorted({col["trial_id"][i] for i in need}))
+    st0 = "coalesce(nullif(n.status, ''), 'ERROR')"
+    st = f"CASE WHEN sel.voided AND {st0} NOT IN {_EXCL_SQL} THEN 'FAILED' ELSE {st0} END"
+    out = []
+    for tord, node_id, cat, status, message in con.execute(
+            f"SELECT sel.tord, n.node_id, coalesce(n.category, '') AS cat, {st} AS st, n.message "
+            f"FROM node_results n JOIN {_R}_issues sel ON n.sweep_id = sel.sweep_id AND n.trial_id = sel.trial_id "
+            f"WHERE n.sweep_id IN ({sweeps}) AND n.trial_id IN ({trial_ids}) AND {st} <> 'PASSED' "
+            f"ORDER BY sel.tord, n.node_index, n.node_id LIMIT {MAX_ISSUES}").fetchall():
+        out.append(NodeIssue(trial_id=col["trial_id"][tord], agent=col["agent"][tord], model=col["model"][tord],
+                             task_id=col["task_id"][tord], node_id=str(node_id), category=cat, status=status,
+                             message=(message or "")[:MESSAGE_CHARS]))
+    return out
+
+
+_EXCL_SQL = "('" + "', '".join(sorted(_EXCLUDED_STATUSES)) + "')"
 
 
 # --- paired comparison of two sweeps ----------------------------------------------------------

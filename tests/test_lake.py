@@ -150,6 +150,7 @@ def test_schema_has_the_issue_columns():
         "env_builds": {"task_id", "image_tag", "cache_hit"},
         "model_calls": {"trial_id", "model_group", "status", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
                         "attempts", "error_class"},
+        "node_rollups": {"trial_id", "kind", "key", "nodes", "score", "max_score", "passed", "skipped_llm"},
     }
     assert set(S.TABLES) == set(want)
     for name, cols in want.items():

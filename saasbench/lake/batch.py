@@ -40,7 +40,14 @@ from saasbench.lake.snapshot import (
     unit_key,
 )
 from saasbench.lake.store import Store, lake_from_uri
-from saasbench.lake.writer import Commit, Hook, _now, _parquet_bytes, to_table
+from saasbench.lake.writer import (
+    Commit,
+    Hook,
+    _now,
+    _parquet_bytes,
+    to_table,
+    with_derived,
+)
 
 DEFAULT_FILE_ROWS = 2_000_000
 _SORT_KEYS = ("sweep_id", "task_id", "trial_id", "run_id")
@@ -92,7 +99,7 @@ def write_batch(lake: Store | str, tables: Mapping[str, Any], *, max_file_rows: 
         raise ValueError(f"not lake tables: {sorted(unknown)}")
     built: dict[str, pa.Table] = {}
     units: dict[UnitKey, dict[str, Any]] = {}
-    for name, rows in tables.items():
+    for name, rows in with_derived(tables).items():
         tbl = to_table(name, rows)
         if not tbl.num_rows:
             continue
@@ -177,8 +184,8 @@ def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: in
         try:
             tables = {}
             for name, t in S.TABLES.items():
-                if sweep_id is not None and t.unit == "validation":
-                    continue
+                if (sweep_id is not None and t.unit == "validation") or name in S.DERIVED_TABLES:
+                    continue  # derived tables are derived again (lakes older than them gain them here)
                 tbl = con.execute(f'SELECT * FROM "{name}"').arrow()
                 tables[name] = tbl.read_all() if isinstance(tbl, pa.RecordBatchReader) else tbl
         finally:

@@ -38,6 +38,9 @@ from saasbench.lake import schema as S
 from saasbench.lake.snapshot import UNIT_COLUMNS, Snapshot, snapshot
 from saasbench.lake.store import Store, lake_from_uri
 
+#: The relation listing sweeps whose node_rollups are incomplete (see Snapshot.rollups_missing)
+ROLLUPS_MISSING = "_saasbench_rollups_missing"
+
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
@@ -95,6 +98,7 @@ def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = Non
             for b, keys in snap.excluded.items() for k in keys]
     con.register("_saasbench_excluded_arrow", pa.Table.from_pylist(excl, schema=pa.schema(
         [("batch", pa.string()), ("unit", pa.string()), ("k1", pa.string()), ("k2", pa.string())])))
+    con.register(ROLLUPS_MISSING, pa.table({"sweep_id": pa.array(sorted(snap.rollups_missing), pa.string())}))
     described: dict[tuple[str, int], set[str]] = {}
     for name, t in S.TABLES.items():
         cols = UNIT_COLUMNS[t.unit]

@@ -258,6 +258,29 @@ MODEL_CALLS = pa.schema(_TRIAL_KEY + [
     _f("retried_errors", pa.list_(S), "Exception class of each retried attempt"),
 ])
 
+#: Derived from ``node_results`` by the writer (:mod:`saasbench.lake.rollups`), never written by
+#: callers: per trial, the sums every report needs, so ``saasbench report`` reads about 17 rows
+#: per trial instead of ~100 node rows. Sums add the node rows left to right in (node_index,
+#: node_id) order, excluded statuses (SKIPPED_LLM, QUARANTINED, DRY_RUN) adding 0.
+NODE_ROLLUPS = pa.schema(_TRIAL_KEY + [
+    _f("kind", S, "trial (all nodes) | category | tier", False),
+    _f("key", S, "'' for kind trial; the node category ('' if none) or complexity tier", False),
+    _f("nodes", I64, "Node rows in the group"),
+    _f("score", F64, "Sum of score over nodes not SKIPPED_LLM/QUARANTINED/DRY_RUN"),
+    _f("max_score", F64, "Sum of max_score over the same nodes"),
+    _f("det_score", F64, "The same as score, llm-judge nodes left out too"),
+    _f("det_max_score", F64, "The same as max_score, llm-judge nodes left out too"),
+    _f("skipped_llm_max_score", F64, "Sum of max_score of SKIPPED_LLM nodes"),
+    _f("passed", I64, "Nodes PASSED"),
+    _f("failed", I64, "Nodes FAILED"),
+    _f("error", I64, "Nodes ERROR (an empty or missing status counts as ERROR)"),
+    _f("skipped_dependency", I64, "Nodes SKIPPED_DEPENDENCY"),
+    _f("skipped_llm", I64, "Nodes SKIPPED_LLM"),
+    _f("dry_run", I64, "Nodes DRY_RUN"),
+    _f("quarantined", I64, "Nodes QUARANTINED"),
+    _f("other_status", I64, "Nodes with a status not in NODE_STATUSES"),
+])
+
 REFERENCE_VALIDATIONS = pa.schema([
     _f("task_id", S, "Task id", False),
     _f("run_id", S, "Validation run id", False),
@@ -307,10 +330,14 @@ TABLES: dict[str, TableDef] = {t.name: t for t in [
     TableDef("env_builds", ENV_BUILDS, "trial", ("sweep_id", "task_id"), "Image builds / cache hits of a trial's environment"),
     TableDef("trajectory_events", TRAJECTORY_EVENTS, "trial", ("sweep_id", "task_id"), "Agent trajectory events"),
     TableDef("model_calls", MODEL_CALLS, "trial", ("sweep_id", "task_id"), "One row per agent request through the model gateway"),
+    TableDef("node_rollups", NODE_ROLLUPS, "trial", ("sweep_id", "task_id"),
+             "Per trial, category and tier: node score sums and status counts (derived from node_results)"),
     TableDef("reference_validations", REFERENCE_VALIDATIONS, "validation", ("task_id",), "One row per node per validate-reference run"),
 ]}
 
 TRIAL_TABLES: tuple[str, ...] = tuple(n for n, t in TABLES.items() if t.unit == "trial")
+#: Tables the writer derives from other tables of the same unit; callers never pass them.
+DERIVED_TABLES: tuple[str, ...] = ("node_rollups",)
 
 
 def table(name: str) -> TableDef:

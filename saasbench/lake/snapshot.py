@@ -135,6 +135,9 @@ class Snapshot:
     # unit markers merged into a batch (compact deletes them) and batches serving nothing
     consumed: list[dict[str, Any]] = field(default_factory=list)
     dead_batches: list[dict[str, Any]] = field(default_factory=list)
+    # sweeps with a serving source that has node_results but no node_rollups (written before
+    # rollups existed): readers roll those sweeps up from their node rows
+    rollups_missing: set[str] = field(default_factory=set)
 
     def units(self, kind: str, *, sweep_id: str | None = None) -> list[UnitKey]:
         """Live (not deleted) units of a kind, optionally of one sweep."""
@@ -171,12 +174,16 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
             if k is None:
                 continue
             src = Source(b, str(e.get("source_generation", "")), str(e.get("source_written_at", "")), True)
-            batch_entries.setdefault(k, []).append((src, e))
+            batch_entries.setdefault(k, []).append(src)
 
     served: dict[str, int] = {b["marker"]: 0 for b in batches}
-    for k in set(unit_markers) | set(batch_entries):
+    for k, entries in batch_entries.items():  # the common case, fast: a unit only one batch holds
+        if len(entries) == 1 and k not in unit_markers:
+            snap.winners[k] = entries[0]
+            served[entries[0].key] += 1
+    for k in (set(unit_markers) | set(batch_entries)) - snap.winners.keys():
         um = unit_markers.get(k)
-        entries = [s for s, _e in batch_entries.get(k, [])]
+        entries = batch_entries.get(k, [])
         cands = list(entries)
         merged = [s for s in entries if um is not None and not um.deleted and s.generation == um.generation]
         if um is not None and merged:
@@ -206,6 +213,8 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
             t = f.get("table")
             if t in S.TABLES and isinstance(f.get("key"), str):
                 snap.unit_files.setdefault(t, {}).setdefault(ver, []).append(f["key"])
+        if _lacks_rollups(src.marker) and k[0] == "trial":
+            snap.rollups_missing.add(k[1])
     for b in batches:
         if not served[b["marker"]]:
             snap.dead_batches.append(b)
@@ -219,9 +228,16 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
                 per_table.setdefault(t, []).append(f["key"])
         for t, keys in per_table.items():
             snap.batch_files.setdefault(t, []).append((b["marker"], ver, sorted(keys)))
+        if _lacks_rollups(b):
+            snap.rollups_missing.update(str(x) for x in b.get("sweeps", []))
     for t in snap.unit_files:
         snap.unit_files[t] = {v: sorted(set(ks)) for v, ks in snap.unit_files[t].items()}
     return snap
+
+
+def _lacks_rollups(marker: dict[str, Any]) -> bool:
+    tables = {f.get("table") for f in marker["files"] if isinstance(f, dict)}
+    return "node_results" in tables and "node_rollups" not in tables
 
 
 def snapshot(store: Store, *, sweep_id: str | None = None) -> Snapshot:

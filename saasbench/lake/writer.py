@@ -115,6 +115,21 @@ def to_table(name: str, rows: Any) -> pa.Table:
         raise ValueError(f"{name}: rows do not fit the schema: {exc}") from None
 
 
+def with_derived(tables: Mapping[str, Any]) -> dict[str, Any]:
+    """``tables`` plus the tables derived from them (``node_rollups`` from ``node_results``).
+    Derived tables are the writer's: a caller passing one gets an error, not a silent overwrite."""
+    given = set(tables) & set(S.DERIVED_TABLES)
+    if given:
+        raise ValueError(f"{', '.join(sorted(given))}: derived from node_results by the writer; do not pass it")
+    out = dict(tables)
+    if "node_results" in out:
+        from saasbench.lake.rollups import node_rollups
+
+        out["node_results"] = nodes = to_table("node_results", out["node_results"])
+        out["node_rollups"] = node_rollups(nodes)
+    return out
+
+
 def _parquet_bytes(tbl: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(tbl, sink, compression="zstd", row_group_size=64 * 1024)
@@ -136,7 +151,7 @@ Hook = Callable[[str, str], None]
 def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping[str, Any], file_id: str,
             ids_for_partition: Mapping[str, str], *, hook: Hook | None = None) -> Commit:
     built: list[tuple[str, pa.Table, bytes]] = []
-    for name, rows in tables.items():
+    for name, rows in with_derived(tables).items():
         tbl = to_table(name, rows)
         _check_ids(name, tbl, {k: v for k, v in unit.items() if k in ("sweep_id", "trial_id", "task_id", "run_id")})
         if tbl.num_rows:
