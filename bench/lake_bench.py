@@ -16,18 +16,21 @@ FAILED / ERROR / SKIPPED_DEPENDENCY / SKIPPED_LLM with weighted scores floored t
 Writes, per store (a local folder; with ``--s3`` also a moto_server S3 endpoint on 127.0.0.1,
 started from this venv and stopped by its PID):
 
-- **per-trial** ``saasbench.lake.write_trial`` (the production path: one commit per trial) for
-  a sample of ``--per-trial-sample`` trials, extrapolated to rows/s;
-- **bulk**: every row, one commit per (sweep, task) partition holding all that partition's
-  trials (``--bulk-workers`` threads). ``write_trial`` cannot do this (it checks every row has the
-  unit's trial_id), so the bench calls the writer's commit protocol (``writer._commit``) with a
-  ``batch-<task>`` marker whose unit has no ``trial_id``: same files, partitions and marker
-  format, readable by ``connect``/``report``, but ``committed_trials`` (sweep resume) does not
-  understand such markers. It measures what a public batch writer would cost.
+- **one batch**: ``saasbench.lake.write_batch`` of every row at once (files: sweeps, trials,
+  node_results and the node_rollups the writer derives);
+- **one batch per sweep**: one ``write_batch`` per sweep on ``--bulk-workers`` threads (what the
+  automatic compaction of each finished sweep gives);
+- **write_trial**: the per-trial production path on a sample of ``--per-trial-sample`` trials,
+  extrapolated to rows/s.
 
-Then times ``sweep_report(uri, ...)`` (what ``saasbench report`` calls: connect = list + read
-commit markers, build views, aggregate) over one sweep and over all sweeps, from each store;
-``--reference`` also times the Python reference path (``sweep_report_reference``) on one sweep.
+Then times ``sweep_report`` (what ``saasbench report`` calls: connect = list and read the commit
+markers, resolve them, build the views; then aggregate) over one sweep and over all sweeps, on the
+per-sweep batches and again after ``compact`` merged them: median of ``--repeats`` runs in this
+process, and ``--repeats`` runs each in a fresh process (``cold``: the modules are imported
+first, then connect + aggregate are timed once, as one ``saasbench report`` does). Finally the
+wall time of the whole ``saasbench report --lake URI`` command (interpreter start, imports,
+aggregation, printing the tables). ``--reference`` also times the Python reference path
+(``sweep_report_reference``) on one sweep.
 """
 
 from __future__ import annotations
@@ -208,6 +211,45 @@ def time_report(uri: str, sweeps: list[str], repeats: int, reference: bool = Fal
             "trials": len(rep.trials), "node_rows": nodes}
 
 
+COLD = """
+import sys, time
+import boto3, duckdb, pyarrow, pyarrow.compute  # imports are not aggregation: done before the clock
+from saasbench import aggregate
+from saasbench.lake import connect
+uri = sys.argv[1]
+t0 = time.perf_counter()
+con = connect(uri, tables=aggregate.REPORT_TABLES)  # as `saasbench report` does
+sweeps = [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM trials ORDER BY 1").fetchall()]
+report = aggregate.sweep_report(con, sweeps)
+print(time.perf_counter() - t0, len(report.trials))
+"""
+
+
+def time_report_cold(uri: str, repeats: int) -> dict:
+    """connect + aggregate over every sweep, once per fresh process (what one ``saasbench report`` pays)."""
+    import subprocess
+
+    times = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", COLD, uri], check=True, capture_output=True, text=True,
+                             cwd=ROOT).stdout.split()
+        times.append(float(out[0]))
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
+
+
+def time_cli(uri: str, repeats: int) -> dict:
+    """Wall time of the whole ``saasbench report --lake URI`` command (start, imports, aggregation, output)."""
+    import subprocess
+
+    exe = Path(sys.executable).parent / "saasbench"
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run([str(exe), "report", "--lake", uri], check=True, capture_output=True, cwd=ROOT)
+        times.append(time.perf_counter() - t0)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
+
+
 def bench_store(name: str, root: str, sweeps: dict, total: int, args) -> dict:
     out: dict = {"store": name}
     one = f"{root}/one-batch"
@@ -230,6 +272,8 @@ def bench_store(name: str, root: str, sweeps: dict, total: int, args) -> dict:
                                     "files": len(res.batch.files) if res.batch else 0}
     out["report_one_sweep"] = time_report(per_sweep, [first], args.repeats)
     out["report_all_sweeps"] = time_report(per_sweep, sorted(sweeps), args.repeats)
+    out["report_all_sweeps_cold"] = time_report_cold(per_sweep, args.repeats)
+    out["cli_report_all_sweeps"] = time_cli(per_sweep, args.repeats)
     if args.reference:
         out["reference_one_sweep"] = time_report(per_sweep, [first], 1, reference=True)
     return out
@@ -305,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  compact the per-sweep batches into one:  {s['compact_sweep_batches']['seconds']:.2f} s")
         print(f"  report 1 sweep / all, compacted:         {s['report_one_sweep']['median_s']:.3f} s / "
               f"{s['report_all_sweeps']['median_s']:.3f} s")
+        c, w = s["report_all_sweeps_cold"], s["cli_report_all_sweeps"]
+        print(f"  report all, compacted, fresh process:    {c['median_s']:.3f} s (min {c['min_s']:.3f}, max {c['max_s']:.3f})")
+        print(f"  `saasbench report` command, wall:        {w['median_s']:.3f} s (min {w['min_s']:.3f}, max {w['max_s']:.3f})")
         if "reference_one_sweep" in s:
             print(f"  reference path, 1 sweep: {s['reference_one_sweep']['median_s']:.3f}s")
     if args.json:

@@ -209,17 +209,28 @@ class CompareReport(BaseModel):
     node_changes: list[NodeChange]
 
 
+def sweeps_label(sweeps: Sequence[str], shown: int = 3) -> str:
+    """'sweep a, b' for a few sweeps; '200 sweeps (first ... last)' for many (titles stay one line)."""
+    if len(sweeps) <= shown:
+        return ("sweep " if len(sweeps) == 1 else "sweeps ") + ", ".join(sweeps)
+    return f"{len(sweeps)} sweeps ({sweeps[0]} ... {sweeps[-1]})"
+
+
 def config_label(agent: str | None, model: str | None) -> str:
     return f"{agent or '-'} / {model or '-'}"
 
 
 # --- row loading ------------------------------------------------------------------------------
-def connect(lake: Any, *, sweep_id: str | None = None):
+#: the lake tables a sweep report reads
+REPORT_TABLES = ("trials", "node_results", "node_rollups")
+
+
+def connect(lake: Any, *, sweep_id: str | None = None, tables: Sequence[str] | None = None):
     """A DuckDB connection with one view per lake table (``saasbench.lake.query.connect``);
     ``lake`` None: ``$SAASBENCH_LAKE`` or ``runs/lake``."""
     from saasbench.lake.query import connect as _connect
 
-    return _connect(str(lake) if isinstance(lake, Path) else lake, sweep_id=sweep_id)
+    return _connect(str(lake) if isinstance(lake, Path) else lake, sweep_id=sweep_id, tables=tables)
 
 
 def _is_lake(x: Any) -> bool:
@@ -559,7 +570,8 @@ def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: fl
     if not sweeps:
         raise ValueError("no sweep given")
     with _gc_paused():
-        con = connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
+        con = (connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None, tables=REPORT_TABLES)
+               if _is_lake(con_or_lake) else con_or_lake)
         report = _sql_report(con, sweeps, pass_threshold)
     if report is not None:
         return report
@@ -790,48 +802,73 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
             tbl = tbl.append_column(name, attrs[name].take(idx) if tbl.num_rows else pa.array([], attrs[name].type))
         return tbl
 
-    # per (trial, group) rows in trial order: categories, tiers, and backbones from categories
+    # per (trial, group) rows in trial order: categories, tiers, and backbones from categories.
+    # Group keys become small integer codes (group-bys on strings cost several times more).
     rows = _arrow(con.execute(f"SELECT * EXCLUDE (dks, dkm, other) FROM {_R} WHERE tord IS NOT NULL AND kind > 0 "
                               "ORDER BY tord, kind, key"))
+    key_codes, key_names = _codes(rows.column("key"))
+    rows = rows.drop_columns(["key"]).append_column("kc", key_codes)
     cat_rows = rows.filter(pc.equal(rows.column("kind"), 1))
-    cats = pc.unique(cat_rows.column("key")).to_pylist()
-    bb_of = pa.array([backbone_for(c) for c in cats], pa.string())
-    with_bb = cat_rows.append_column("backbone", bb_of.take(pc.index_in(cat_rows.column("key"), pa.array(cats, pa.string()))))
-    bb_rows = _sum_table(with_bb, ["tord", "backbone"])  # per trial: its categories' sums in category order
-    bb_rows = bb_rows.filter(pc.is_valid(bb_rows.column("backbone")))
-    bb_rows = bb_rows.take(pc.sort_indices(bb_rows, [("tord", "ascending")])).rename_columns(["tord", "key", *_SUMS])
-    groups = {"categories": with_attrs(cat_rows, ["cfg", "task", "is_valid"]),
-              "complexity_tiers": with_attrs(rows.filter(pc.equal(rows.column("kind"), 2)), ["cfg", "task", "is_valid"]),
-              "backbones": with_attrs(bb_rows, ["cfg", "task", "is_valid"])}
-    per_trial = tt.select(["tord", *_SUMS]).filter(pc.greater(tt.column("nodes"), 0))
-    per_trial = with_attrs(per_trial, ["cfg", "is_valid", "domain", "traj"])
-
+    tier_rows = rows.filter(pc.equal(rows.column("kind"), 2))
+    cats = sorted({key_names[c] for c in pc.unique(cat_rows.column("kc")).to_pylist()})
+    bb_names = [b for b in BACKBONES] + sorted({b for c in cats if (b := backbone_for(c)) and b not in BACKBONES})
+    bb_code = pa.array([bb_names.index(b) if (b := backbone_for(k)) else None for k in key_names], pa.int32())
+    cat_bb = bb_code.take(cat_rows.column("kc"))
+    unknown_nodes = pc.sum(cat_rows.filter(pc.is_null(cat_bb)).column("nodes")).as_py() or 0
+    # per trial: its categories' sums added in category order (the rows are in key order)
+    bb_rows = _sum_table(cat_rows.append_column("bc", cat_bb).filter(pc.is_valid(cat_bb)), ["tord", "bc"])
+    bb_rows = bb_rows.take(pc.sort_indices(bb_rows, [("tord", "ascending")]))
+    per_trial = tt.filter(pc.greater(tt.column("nodes"), 0))
+    dom_codes, dom_names = _codes(attrs["domain"])
+    traj_codes, traj_names = _codes(attrs["traj"])
+    # every group of every kind in one table, each kind's rows in trial order; the 'valid' scope's
+    # sums are the same sums with 0 added for infra trials (x + 0.0 == x: the order is kept)
+    kinds = {"total": (per_trial, pa.array([0] * per_trial.num_rows, pa.int32()), [""]),
+             "domains": (per_trial, dom_codes.take(per_trial.column("tord")), dom_names),
+             "trajectories": (per_trial, traj_codes.take(per_trial.column("tord")), traj_names),
+             "categories": (cat_rows, cat_rows.column("kc"), key_names),
+             "complexity_tiers": (tier_rows, tier_rows.column("kc"), key_names),
+             "backbones": (bb_rows, bb_rows.column("bc"), bb_names)}
+    kind_names = list(kinds)
+    parts = []
+    for i, (tbl, code, _names) in enumerate(kinds.values()):
+        cols = {"tord": tbl.column("tord"), "kind": pa.array([i] * tbl.num_rows, pa.int8()), "kc": code}
+        parts.append(pa.table({**cols, **{c: tbl.column(c) for c in _SUMS}}))
+    every = with_attrs(pa.concat_tables(parts), ["cfg", "task", "is_valid"])
+    is_valid = every.column("is_valid")
+    for c in _SUMS:
+        every = every.append_column(f"{c}_v", pc.if_else(is_valid, every.column(c), pa.scalar(0, every.schema.field(c).type)))
+    every = every.append_column("n_v", pc.cast(is_valid, pa.int64()))
+    both = [*_SUMS, *(f"{c}_v" for c in _SUMS)]
+    res = every.group_by(["cfg", "kind", "kc"], use_threads=False).aggregate([(c, "sum") for c in [*both, "n_v"]])
     pooled: dict[tuple[str, int, str, Any], dict[str, Any]] = {}
-    macro: dict[tuple[str, int, str, Any], list[float]] = {}
-    for scope in ("all", "valid"):
-        def sel(tbl, scope: str = scope):
-            return tbl if scope == "all" else tbl.filter(tbl.column("is_valid"))
+    out_cols = {c: res.column(f"{c}_sum").to_pylist() for c in [*both, "n_v"]}
+    names = [names for _tbl, _code, names in kinds.values()]
+    for i, (cfg, kind, kc) in enumerate(zip(*(res.column(c).to_pylist() for c in ("cfg", "kind", "kc")))):
+        if kc is None:
+            continue  # a trial without a domain or trajectory
+        key = names[kind][kc]
+        pooled[("all", cfg, kind_names[kind], key)] = {c: out_cols[c][i] for c in _SUMS}
+        if out_cols["n_v"][i]:
+            pooled[("valid", cfg, kind_names[kind], key)] = {c: out_cols[f"{c}_v"][i] for c in _SUMS}
 
-        pt = sel(per_trial)
-        for (cfg,), s in _grouped(pt, ["cfg"]).items():
-            pooled[(scope, cfg, "total", "")] = s
-        for attr, kind in (("domain", "domains"), ("traj", "trajectories")):
-            for (cfg, key), s in _grouped(pt, ["cfg", attr]).items():
-                pooled[(scope, cfg, kind, key)] = s
-        for kind, tbl in groups.items():
-            tbl = sel(tbl)
-            for (cfg, key), s in _grouped(tbl, ["cfg", "key"]).items():
-                pooled[(scope, cfg, kind, key)] = s
-            # macro: per trial the group percent, mean over attempts per task, mean over tasks
-            tbl = tbl.filter(pc.greater(tbl.column("km"), 0))
-            if not tbl.num_rows:
-                continue
-            tbl = tbl.append_column("pct", round2(pc.divide(pc.multiply(tbl.column("ks"), 100.0), tbl.column("km"))))
-            res = tbl.select(["cfg", "key", "task", "pct", "tord"]).group_by(
-                ["cfg", "key", "task"], use_threads=False).aggregate([("pct", "sum"), ("pct", "count"), ("tord", "min")])
-            res = res.take(pc.sort_indices(res, [("tord_min", "ascending")]))
-            for cfg, key, total, cnt in zip(*(res.column(c).to_pylist() for c in ("cfg", "key", "pct_sum", "pct_count"))):
-                macro.setdefault((scope, cfg, kind, key), []).append(total / cnt)
+    # macro: per trial the group percent, mean over attempts per task, mean over tasks in order
+    macro: dict[tuple[str, int, str, Any], list[float]] = {}
+    node_kinds = pa.array([kind_names.index(k) for k in ("categories", "complexity_tiers", "backbones")], pa.int8())
+    m = every.select(["cfg", "kind", "kc", "task", "tord", "is_valid", "n_v", "ks", "km"])
+    m = m.filter(pc.and_(pc.is_in(m.column("kind"), value_set=node_kinds), pc.greater(m.column("km"), 0)))
+    if m.num_rows:
+        pct = round2(pc.divide(pc.multiply(m.column("ks"), 100.0), m.column("km")))
+        m = m.select(["cfg", "kind", "kc", "task", "tord", "n_v"]).append_column("pct", pct).append_column(
+            "pct_v", pc.if_else(m.column("is_valid"), pct, 0.0)).append_column(
+            "tord_v", pc.if_else(m.column("is_valid"), m.column("tord"), pa.scalar(None, m.schema.field("tord").type)))
+        res = m.group_by(["cfg", "kind", "kc", "task"], use_threads=False).aggregate(
+            [("pct", "sum"), ("pct", "count"), ("tord", "min"), ("pct_v", "sum"), ("n_v", "sum"), ("tord_v", "min")])
+        for scope, order, total, cnt in (("all", "tord_min", "pct_sum", "pct_count"), ("valid", "tord_v_min", "pct_v_sum", "n_v_sum")):
+            sel = res.take(pc.sort_indices(res, [(order, "ascending")]))
+            for cfg, kind, kc, t, n, first in zip(*(sel.column(c).to_pylist() for c in ("cfg", "kind", "kc", total, cnt, order))):
+                if first is not None:
+                    macro.setdefault((scope, cfg, kind_names[kind], names[kind][kc]), []).append(t / n)
 
     by_kind: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
     for (scope, cfg, kind, key) in pooled:
@@ -894,7 +931,6 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
             all=summary(idx, "all", cfg), valid=summary(vidx, "valid", cfg),
         ))
 
-    cat_nodes = dict(zip(*(_sum_table(cat_rows, ["key"], ["nodes"]).column(c).to_pylist() for c in ("key", "nodes"))))
     present = {d for d in col["domain"] if d}
     bad = [nodes - passed for nodes, passed in zip(col["nodes"], pc.fill_null(counts.field("PASSED"), 0).to_pylist())]
     return SweepReport(
@@ -906,10 +942,21 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
         trials=trial_scores,
         domains=[d for d in DOMAINS if d in present] + sorted(present - set(DOMAINS)),
         unknown_categories=unknown_categories(cats),
-        unknown_category_nodes=sum(nodes for c, nodes in cat_nodes.items() if backbone_for(c) is None),
+        unknown_category_nodes=unknown_nodes,
         trajectory_available=traj,
         score_mismatches=mismatches,
     )
+
+
+def _codes(arr) -> tuple[Any, list[Any]]:
+    """(int32 codes, names): a string column dictionary-encoded; nulls stay null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], arr.type)
+    enc = pc.dictionary_encode(arr)
+    return enc.indices.cast(pa.int32()), enc.dictionary.to_pylist()
 
 
 def _pct_array(s, m):

@@ -46,11 +46,11 @@ def _signed(value: float | None) -> str:
 
 def render_report(console: Console, report: SweepReport) -> None:
     """Table 2 (Pass@1, node coverage, six domains) and Table 3 (six backbones) as rich tables."""
-    from saasbench.aggregate import DOMAINS
+    from saasbench.aggregate import DOMAINS, sweeps_label
     from saasbench.backbones import BACKBONES
 
     domains = list(DOMAINS) + [d for d in report.domains if d not in DOMAINS]
-    t2 = Table(title=f"Table 2: main results, sweep {escape(', '.join(report.sweeps))} (valid trials)")
+    t2 = Table(title=f"Table 2: main results, {escape(sweeps_label(report.sweeps))} (valid trials)")
     t2.add_column("Agent / model", no_wrap=True)
     for col in ["Pass@1", "Node cov.", *domains]:
         t2.add_column(escape(col), justify="right")
@@ -142,12 +142,13 @@ def report_cmd(
 ) -> None:
     """Print the paper's Table 2 (Pass@1, node coverage, six domains) and Table 3 (six backbones) for a sweep.
 
-    Scores come from saasbench.scoring over the lake's node_results; valid trials exclude infra
+    Scores come from the lake's node_rollups (per-trial sums of node_results, in saasbench.scoring's
+    rules); valid trials exclude infra
     outcomes (env_error, judge_error, task_defect), whose counts are printed separately.
 
     Example: saasbench report --sweep sweep-2026-12-01 --lake runs/lake --html runs/report.html
     """
-    from saasbench.aggregate import sweep_report
+    from saasbench.aggregate import REPORT_TABLES, sweep_report
 
     lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
     try:
@@ -156,7 +157,7 @@ def report_cmd(
         else:  # every sweep, over one connection (one read of the commit markers)
             from saasbench.lake import connect
 
-            con = connect(lake)
+            con = connect(lake, tables=REPORT_TABLES)
             try:
                 sweep = [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM trials ORDER BY 1").fetchall()]
                 report = sweep_report(con, sweep, pass_threshold=pass_threshold) if sweep else None

@@ -15,7 +15,7 @@ import html
 from collections.abc import Sequence
 from pathlib import Path
 
-from saasbench.aggregate import DOMAINS, SweepReport
+from saasbench.aggregate import DOMAINS, SweepReport, sweeps_label
 from saasbench.backbones import BACKBONES, backbone_for
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
@@ -145,7 +145,7 @@ def _table3_rows(report: SweepReport) -> list[list[str]]:
 def render(report: SweepReport, *, title: str | None = None, generated_at: str | None = None) -> str:
     """The report page as one HTML string."""
     domains = [d for d in DOMAINS] + [d for d in report.domains if d not in DOMAINS]
-    title = title or f"SaaSBench report: {', '.join(report.sweeps)}"
+    title = title or f"SaaSBench report: {sweeps_label(report.sweeps)}"
     generated_at = generated_at or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     labels = [c.label for c in report.configs]
     parts = [

@@ -467,3 +467,10 @@ def test_sql_path_falls_back_for_rows_only_the_reference_handles() -> None:
     assert aggregate._sql_report(con, ["s1", "s2"], 100.0) is None
     with pytest.raises(ValueError):
         aggregate.sweep_report(con, ["s1", "s2"])
+
+
+def test_sweeps_label_keeps_titles_short() -> None:
+    assert aggregate.sweeps_label(["sw1"]) == "sweep sw1"
+    assert aggregate.sweeps_label(["sw1", "sw2"]) == "sweeps sw1, sw2"
+    many = [f"s{i:03d}" for i in range(200)]
+    assert aggregate.sweeps_label(many) == "200 sweeps (s000 ... s199)"

@@ -196,3 +196,15 @@ def test_report_reads_node_rows_only_for_the_failures_it_lists(tmp_path: Path) -
     reads = [q for q in con.sql if "node_results" in q]
     assert len(reads) == 1 and "'t1'" in reads[0] and "'t0'" not in reads[0]
     _assert_same(got.model_dump(), aggregate.sweep_report_reference(uri, ["s"]).model_dump())
+
+
+def test_connect_builds_only_the_views_asked_for(tmp_path: Path) -> None:
+    uri = str(tmp_path / "lake")
+    write_batch(uri, {"trials": [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "outcome": "completed"}],
+                      "node_results": [_node(0)]})
+    con = connect(uri, tables=aggregate.REPORT_TABLES)
+    assert con.execute("SELECT count(*) FROM node_rollups").fetchone() == (3,)
+    with pytest.raises(Exception, match="sweeps"):
+        con.execute("SELECT count(*) FROM sweeps")
+    with pytest.raises(ValueError, match="no lake table"):
+        connect(uri, tables=("trials", "nodes"))

@@ -27,7 +27,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, Literal, TextIO
 
@@ -70,19 +70,22 @@ def committed_files(lake: Store | str, *, sweep_id: str | None = None) -> tuple[
 
 
 def connect(lake: Store | str | None = None, *, sweep_id: str | None = None,
-            con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+            con: duckdb.DuckDBPyConnection | None = None, tables: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a view per lake table (and ``commits``) over committed rows.
 
     ``lake``: path, ``file:///...``, ``s3://bucket/prefix`` or a Store (None: ``$SAASBENCH_LAKE``
     or ``runs/lake``). ``sweep_id`` limits the views to one sweep (plus reference validations),
-    reading only that sweep's markers. The views are a snapshot: reconnect to see newer commits.
+    reading only that sweep's markers. ``tables`` limits the views to those tables (binding a
+    view reads a file footer: on S3, a request or two per table). The views are a snapshot:
+    reconnect to see newer commits.
     """
     store = lake_from_uri(lake)
-    return connect_snapshot(store, snapshot(store, sweep_id=sweep_id), sweep_id=sweep_id, con=con)
+    return connect_snapshot(store, snapshot(store, sweep_id=sweep_id), sweep_id=sweep_id, con=con, tables=tables)
 
 
 def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = None,
-                     con: duckdb.DuckDBPyConnection | None = None) -> duckdb.DuckDBPyConnection:
+                     con: duckdb.DuckDBPyConnection | None = None,
+                     tables: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
     """Views over exactly the files of ``snap`` (see :mod:`saasbench.lake.snapshot`).
 
     Per table: ``<typed empty relation> UNION ALL BY NAME`` one ``read_parquet`` per schema
@@ -100,7 +103,12 @@ def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = Non
         [("batch", pa.string()), ("unit", pa.string()), ("k1", pa.string()), ("k2", pa.string())])))
     con.register(ROLLUPS_MISSING, pa.table({"sweep_id": pa.array(sorted(snap.rollups_missing), pa.string())}))
     described: dict[tuple[str, int], set[str]] = {}
+    unknown = set(tables or ()) - set(S.TABLES)
+    if unknown:
+        raise ValueError(f"no lake table(s) {sorted(unknown)} (known: {', '.join(S.TABLES)})")
     for name, t in S.TABLES.items():
+        if tables is not None and name not in tables:
+            continue
         cols = UNIT_COLUMNS[t.unit]
         only = f" WHERE sweep_id = {_quote(S.check_id(sweep_id, 'sweep_id'))}" if sweep_id and t.unit != "validation" else ""
         parts: list[str] = []
