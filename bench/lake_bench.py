@@ -25,7 +25,8 @@ started from this venv and stopped by its PID):
 
 Then times ``sweep_report`` (what ``saasbench report`` calls: connect = list and read the commit
 markers, resolve them, build the views; then aggregate) over one sweep and over all sweeps, on the
-per-sweep batches and again after ``compact`` merged them: median of ``--repeats`` runs in this
+per-sweep batches, after ``merge_batches`` (what finished sweeps do: at most 8 batches) and
+after ``compact`` rewrote everything as one batch: median of ``--repeats`` runs in this
 process, and ``--repeats`` runs each in a fresh process (``cold``: the modules are imported
 first, then connect + aggregate are timed once, as one ``saasbench report`` does). Finally the
 wall time of the whole ``saasbench report --lake URI`` command (interpreter start, imports,
@@ -57,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from saasbench import aggregate
 from saasbench.lake import lake_from_uri, write_trial
 from saasbench.lake import schema as S
-from saasbench.lake.batch import compact, write_batch
+from saasbench.lake.batch import compact, merge_batches, write_batch
 from saasbench.lake.writer import TrialRows
 from saasbench.scoring import floor_tenth
 
@@ -267,6 +268,12 @@ def bench_store(name: str, root: str, sweeps: dict, total: int, args) -> dict:
     out["report_one_sweep_sweep_batches"] = time_report(per_sweep, [first], args.repeats)
     out["report_all_sweeps_sweep_batches"] = time_report(per_sweep, sorted(sweeps), args.repeats)
     t0 = time.perf_counter()
+    res = merge_batches(per_sweep)  # what finished sweeps do: at most 8 batches
+    out["merge_sweep_batches"] = {"seconds": time.perf_counter() - t0, "units": res.units,
+                                  "batches_deleted": len(res.markers_deleted)}
+    out["report_one_sweep_merged"] = time_report(per_sweep, [first], args.repeats)
+    out["report_all_sweeps_merged"] = time_report(per_sweep, sorted(sweeps), args.repeats)
+    t0 = time.perf_counter()
     res = compact(per_sweep)
     out["compact_sweep_batches"] = {"seconds": time.perf_counter() - t0, "units": res.units,
                                     "files": len(res.batch.files) if res.batch else 0}
@@ -346,7 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  write_trial per trial:     {p['rows_per_s']:,.0f} rows/s ({p['trials_per_s']:.1f} trials/s)")
         print(f"  report 1 sweep / all, per-sweep batches: {s['report_one_sweep_sweep_batches']['median_s']:.3f} s / "
               f"{s['report_all_sweeps_sweep_batches']['median_s']:.3f} s")
-        print(f"  compact the per-sweep batches into one:  {s['compact_sweep_batches']['seconds']:.2f} s")
+        print(f"  merge_batches (200 -> 2 batches):        {s['merge_sweep_batches']['seconds']:.2f} s")
+        print(f"  report 1 sweep / all, merged:            {s['report_one_sweep_merged']['median_s']:.3f} s / "
+              f"{s['report_all_sweeps_merged']['median_s']:.3f} s")
+        print(f"  compact the merged batches into one:     {s['compact_sweep_batches']['seconds']:.2f} s")
         print(f"  report 1 sweep / all, compacted:         {s['report_one_sweep']['median_s']:.3f} s / "
               f"{s['report_all_sweeps']['median_s']:.3f} s")
         c, w = s["report_all_sweeps_cold"], s["cli_report_all_sweeps"]

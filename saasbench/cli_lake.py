@@ -237,6 +237,33 @@ def compact_cmd(
     console.print(f"deleted {len(res.markers_deleted)} marker(s) and {res.files_deleted} file(s) they listed")
 
 
+@lake_app.command("merge")
+def merge_cmd(
+    lake: LakeOption = None,
+    max_batches: Annotated[int, typer.Option("--max-batches", min=2, help="Batches to keep at most")] = 8,
+    max_file_rows: Annotated[int, typer.Option("--max-file-rows", min=1, help="Rows per Parquet file at most")] = 2_000_000,
+) -> None:
+    """Merge batches (one per finished sweep) into one when there are more than --max-batches,
+    leaving the largest as it is. Finished sweeps run this by themselves; safe to interrupt.
+
+    Example: saasbench lake merge --lake s3://results/saasbench --max-batches 4
+    """
+    from saasbench.lake.batch import merge_batches
+
+    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    try:
+        res = merge_batches(lake, max_batches=max_batches, max_file_rows=max_file_rows)
+    except Exception as exc:  # noqa: BLE001 - store/DuckDB errors become one line, exit 2
+        raise _fail(f"cannot merge the batches of the lake {lake}: {type(exc).__name__}: {exc}") from None
+    console = _console()
+    if res.batch is None and not res.markers_deleted:
+        console.print(f"nothing to merge (at most {max_batches} batches)")
+        return
+    if res.batch is not None:
+        console.print(f"merged {res.units} unit(s) into {escape(res.batch.marker)}")
+    console.print(f"deleted {len(res.markers_deleted)} batch marker(s) and {res.files_deleted} file(s) they listed")
+
+
 @lake_app.command("vacuum")
 def vacuum_cmd(
     lake: LakeOption = None,

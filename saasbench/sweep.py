@@ -371,6 +371,7 @@ def aggregate(spec: SweepSpec, *, lake: Any = None, report_dir: str | Path | Non
         try:  # a finished sweep becomes a few large files: cheap to read for every later report
             if not pending(spec, store):
                 lakelib.compact(store, sweep_id=spec.sweep_id)
+                lakelib.merge_batches(store)  # one batch per finished sweep would pile up: merge the small ones
         except Exception as exc:  # noqa: BLE001 - the per-trial files stay valid; compaction can be rerun
             log.warning("sweep %s: compaction failed, files left as written: %s", spec.sweep_id, exc)
     report = sweep_report(store, spec.sweep_id)

@@ -20,8 +20,9 @@ from s3server import s3_server  # noqa: F401 - fixture
 from test_lake import lake, real, rows_for  # noqa: F401 - fixtures
 
 from saasbench import lake as L
+from saasbench.aggregate import sweep_report
 from saasbench.lake import schema as S
-from saasbench.lake.batch import compact, write_batch
+from saasbench.lake.batch import compact, merge_batches, write_batch
 from saasbench.lake.store import LocalStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,8 +106,6 @@ def test_compact_keeps_every_row_and_removes_small_files(lake, real):
 
 
 def test_report_is_the_same_after_compaction(tmp_path, real):
-    from saasbench.aggregate import sweep_report
-
     store = L.lake_from_uri(str(tmp_path / "lake"))
     seed(store, real)
     before = sweep_report(store, ["s1", "s2"]).model_dump()
@@ -151,6 +150,62 @@ def test_compact_one_sweep_leaves_the_others_alone(lake, real):
     assert everything(lake) == before
     compact(lake)  # then everything: the s1 batch is folded into the lake-wide one
     assert everything(lake) == before and len(markers(lake)) == 1
+
+
+def _batches(store: L.Store) -> list[str]:
+    return [k for k in markers(store) if k.startswith("_commits/_batches/")]
+
+
+def test_merge_batches_keeps_the_largest_and_merges_the_rest(lake, real):
+    seed(lake, real, sweeps=("big",), n=6)
+    compact(lake, sweep_id="big")
+    small = [f"s{i}" for i in range(5)]
+    seed(lake, real, sweeps=small, n=1)
+    for sw in small:
+        compact(lake, sweep_id=sw)  # one batch per finished sweep, as sweeps leave them
+    before, report = everything(lake), sweep_report(lake, ["big", *small]).model_dump()
+    assert len(_batches(lake)) == 6
+    assert merge_batches(lake, max_batches=6).batch is None  # at the limit: nothing to do
+    sizes = {m["marker"]: sum(f["rows"] for f in m["files"]) for m in L.list_commits(lake) if m["marker"] in _batches(lake)}
+    largest = max(sizes, key=sizes.get)
+    res = merge_batches(lake, max_batches=3)
+    assert res.units == 5 * 2 and len(res.markers_deleted) == 5  # five sweep rows, five trials; five old batches
+    assert sorted(_batches(lake)) == sorted([largest, res.batch.marker])
+    assert everything(lake) == before
+    assert sweep_report(lake, ["big", *small]).model_dump() == report
+
+
+def test_merge_batches_keeps_newer_trial_writes(lake, real):
+    seed(lake, real, sweeps=("s1", "s2", "s3"), n=2)
+    for sw in ("s1", "s2", "s3"):
+        compact(lake, sweep_id=sw)
+    L.write_trial(lake, rows_for(real, sweep="s1", trial="t1", task="task1", messages={"README_EXISTS": "rerun"},
+                                 with_traj=False))
+    before = everything(lake)
+    res = merge_batches(lake, max_batches=2)
+    assert res.batch is not None and everything(lake) == before
+    q = "SELECT message FROM node_results WHERE sweep_id = 's1' AND trial_id = 't1' AND node_id = 'README_EXISTS'"
+    assert L.query(lake, q).to_pylist() == [{"message": "rerun"}]
+    assert any("trial_id=t1" in k for k in markers(lake))  # the newer write is not merged away
+
+
+@pytest.mark.parametrize("event", ["before_file", "before_marker", "before_cleanup"])
+def test_crash_anywhere_in_merge_batches_loses_and_duplicates_nothing(lake, real, event):
+    seed(lake, real, sweeps=("s1", "s2", "s3"), n=2)
+    for sw in ("s1", "s2", "s3"):
+        compact(lake, sweep_id=sw)
+    before = everything(lake)
+
+    def hook(ev: str, key: str) -> None:
+        if ev == event:
+            raise RuntimeError(f"crash {ev}")
+
+    with pytest.raises(RuntimeError, match="crash"):
+        merge_batches(lake, max_batches=2, hook=hook)
+    assert everything(lake) == before
+    assert L.committed_trials(lake, "s2") == {"t0", "t1"}
+    merge_batches(lake, max_batches=2)
+    assert everything(lake) == before and len(_batches(lake)) == 2
 
 
 @pytest.mark.parametrize("event", ["before_file", "before_marker", "before_cleanup"])
@@ -266,3 +321,25 @@ def test_cli_lake_compact_and_report(tmp_path, real):
     assert "oracle" in res.output
     res = runner.invoke(app, ["lake", "vacuum", "--lake", str(tmp_path / "lake"), "--older-than", "0"])
     assert res.exit_code == 0 and "0 orphan file(s) deleted" in res.output
+
+
+def test_cli_lake_merge(tmp_path, real):
+    from typer.testing import CliRunner
+
+    from saasbench.cli import app
+
+    uri = str(tmp_path / "lake")
+    store = L.lake_from_uri(uri)
+    seed(store, real, sweeps=("s1", "s2", "s3"), n=1)
+    for sw in ("s1", "s2", "s3"):
+        compact(store, sweep_id=sw)
+    before = everything(store)
+    runner = CliRunner()
+    res = runner.invoke(app, ["lake", "merge", "--lake", uri, "--max-batches", "3"])
+    assert res.exit_code == 0 and "nothing to merge" in res.output, res.output
+    res = runner.invoke(app, ["lake", "merge", "--lake", uri, "--max-batches", "2"])
+    assert res.exit_code == 0, res.output
+    assert "merged 4 unit(s)" in res.output and "deleted 2 batch marker(s)" in res.output
+    assert len(_batches(store)) == 2 and everything(store) == before
+    res = runner.invoke(app, ["lake", "merge", "--lake", uri, "--max-batches", "1"])
+    assert res.exit_code != 0  # the largest batch is never merged: 2 is the least

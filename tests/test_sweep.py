@@ -114,6 +114,18 @@ def test_sweep_writes_and_rerun_skips(tmp_path, count_runs):
     assert sw.pending(spec) == [] and sw.run_sweep_plain(spec) == {}
 
 
+def test_finished_sweeps_do_not_pile_up_batches(tmp_path, count_runs):
+    spec = spec_for(tmp_path, "s-pile")
+    for i in range(9):  # nine earlier sweeps, each compacted into its own batch
+        lakelib.write_batch(spec.lake_uri, {"sweeps": [lakelib.sweep_row(f"old{i}", config={}, tasks=["t"], agents=["a"])]})
+    sw.run_sweep_plain(spec)
+    sw.aggregate(spec)
+    batches = [m for m in lakelib.list_commits(spec.lake_uri) if m["unit"] == "batch"]
+    assert len(batches) == 2  # more than 8: all but the largest (this sweep's) merged into one
+    assert lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM sweeps").to_pylist() == [{"n": 10}]
+    assert sw.pending(spec) == []
+
+
 def test_unfinished_sweep_is_not_compacted(tmp_path, count_runs):
     spec = spec_for(tmp_path, "s-half")
     sw.run_trial(sw.plan(spec)[0], spec)

@@ -18,7 +18,7 @@ compaction (many units in a few large files): :mod:`saasbench.lake.batch`; how r
 source per unit: :mod:`saasbench.lake.snapshot`.
 """
 
-from saasbench.lake.batch import CompactResult, compact, write_batch
+from saasbench.lake.batch import CompactResult, compact, merge_batches, write_batch
 from saasbench.lake.query import (
     committed_files,
     connect,
@@ -98,6 +98,7 @@ __all__ = [
     "is_committed",
     "lake_from_uri",
     "list_commits",
+    "merge_batches",
     "query",
     "query_cmd",
     "redact",

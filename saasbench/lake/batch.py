@@ -201,14 +201,69 @@ def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: in
     held = {k for ks in snap.excluded.values() for k in ks} | {k for k, s in snap.winners.items() if s.batch}
     doomed = [m for m in snap.consumed if (k := unit_key(m)) and in_scope(k)] + list(snap.dead_batches)
     doomed += [s.marker for k, s in snap.winners.items() if s.deleted and not s.batch and k not in held and in_scope(k)]
+    _delete_markers(store, doomed, result)
+    return result
+
+
+def _delete_markers(store: Store, doomed: list[dict[str, Any]], result: CompactResult) -> None:
+    """Delete markers (first: their units switch to the batch at once) and then their files;
+    a marker rewritten since it was read is newer than the batch and is kept."""
     for m in doomed:
         current = read_marker_key(store, m["marker"])
         if current is None or current.get("generation") != m.get("generation"):
-            continue  # rewritten since we read it: it is newer than the batch, keep it
+            continue
         store.delete([m["marker"]])
         keys = [f["key"] for f in m["files"] if isinstance(f.get("key"), str)]
         store.delete(keys)
         result.markers_deleted.append(m["marker"])
         result.files_deleted += len(keys)
+
+
+DEFAULT_MAX_BATCHES = 8
+
+
+def merge_batches(lake: Store | str, *, max_batches: int = DEFAULT_MAX_BATCHES, max_file_rows: int = DEFAULT_FILE_ROWS,
+                  hook: Hook | None = None) -> CompactResult:
+    """Keep the lake at most ``max_batches`` batches: when more batches serve units, merge all but
+    the largest into one. A finished sweep is compacted into its own batch, so without this a
+    lake of 200 sweeps is 200 batches, and a report over all of them opens 200 files per table
+    (on S3 several requests each). Size-tiered: each merge rewrites the small batches, not the
+    largest one, and loose per-trial files are left to :func:`compact`. Crash-safe like
+    :func:`compact`: the merged batch holds the same content (same source generations) and is
+    newer, so it serves those units; the old batches then serve nothing and are deleted."""
+    from saasbench.lake.query import connect_snapshot
+    from saasbench.lake.snapshot import Snapshot
+
+    if max_batches < 2:
+        raise ValueError("max_batches must be >= 2 (the largest batch is never merged)")
+    store = lake_from_uri(lake)
+    snap = snapshot(store)
+    result = CompactResult(batch=None)
+    serving = {s.key for s in snap.winners.values() if s.batch}
+    if len(serving) > max_batches:
+        rows = {m["marker"]: sum(int(f.get("rows", 0)) for f in m["files"]) for m in snap.markers
+                if m["marker"] in serving}
+        chosen = serving - {max(serving, key=lambda b: (rows[b], b))}
+        part = Snapshot(markers=[m for m in snap.markers if m["marker"] in chosen],
+                        winners={k: s for k, s in snap.winners.items() if s.batch and s.key in chosen},
+                        batch_files={t: [e for e in entries if e[0] in chosen] for t, entries in snap.batch_files.items()},
+                        excluded={b: ks for b, ks in snap.excluded.items() if b in chosen})
+        con = connect_snapshot(store, part)
+        try:
+            tables = {}
+            for name in S.TABLES:
+                if name in S.DERIVED_TABLES:
+                    continue
+                tbl = con.execute(f'SELECT * FROM "{name}"').arrow()
+                tables[name] = tbl.read_all() if isinstance(tbl, pa.RecordBatchReader) else tbl
+        finally:
+            con.close()
+        sources = {k: (s.generation, s.written_at) for k, s in part.winners.items()}
+        result.batch = write_batch(store, tables, max_file_rows=max_file_rows, sources=sources, hook=hook)
+        result.units = len(sources)
+        snap = resolve(snap.markers + [read_marker_key(store, result.batch.marker)])
+    if hook:
+        hook("before_cleanup", "")
+    _delete_markers(store, list(snap.dead_batches), result)
     return result
 
