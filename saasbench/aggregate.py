@@ -8,9 +8,9 @@ SKIPPED_DEPENDENCY keeps its maxScore) is scoring.py's; the breakdowns use
 :func:`group_aggregate`, a one-pass equivalent of ``scoring.aggregate`` (same exclusion set, sums
 and rounding) that the tests check equals it field by field, because the per-group calls dominate
 the run time on a full sweep. That path (:func:`sweep_report_reference`, :func:`compute`) is the
-reference; :func:`sweep_report` computes the same numbers without NodeResult objects: DuckDB applies
-the rules and orders the node rows, the numerator/denominator sums are grouped sums in the reference
-order (see "fast path" below), and tests check both give the same SweepReport.
+reference; :func:`sweep_report` computes the same numbers from the lake's per-trial sums
+(``node_rollups``, see :mod:`saasbench.lake.rollups` and "fast path" below) without NodeResult
+objects, adding them in the same order, and tests check both give the same SweepReport.
 
 Definitions (per (agent, model) "configuration"; ``scope`` is ``all`` or ``valid``):
 
@@ -33,8 +33,9 @@ Definitions (per (agent, model) "configuration"; ``scope`` is ``all`` or ``valid
   ``score`` = per trial, ``scoring.aggregate`` over the trial's nodes in the group; then mean
   over attempts per task, then unweighted mean over the tasks that have nodes in the group
   (macro, like Pass@1). For domains the group is the whole trial, so ``score`` is Pass@1
-  restricted to the domain's tasks. ``pooled`` is ``scoring.aggregate`` over all node rows of the
-  group (micro) for reference.
+  restricted to the domain's tasks. ``pooled`` is the aggregate over all node rows of the group
+  (micro) for reference: the per-trial group sums added in trial order (a trial's backbone sums
+  add its categories' sums in category order; docs/dag-semantics.md fixes this order).
 - **Dropped judge maxScore** = sum of maxScore of SKIPPED_LLM nodes (``skipped_llm_max_score``).
 - **pass@k**: a trial *passes* when its effective score >= ``pass_threshold`` (default 100: the
   task is fully solved). Per task with n attempts of which c pass, the unbiased estimator
@@ -563,7 +564,7 @@ def _close(a: float | None, b: float | None) -> bool:
 def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: float = DEFAULT_PASS_THRESHOLD) -> SweepReport:
     """Aggregate one or more sweeps. ``con_or_lake``: a DuckDB connection with lake views, or a lake URI.
 
-    The node-level sums run in DuckDB (:func:`_sql_report`); the result equals
+    Reads the lake's per-trial ``node_rollups`` (:func:`_sql_report`); the result equals
     :func:`sweep_report_reference` (node rows scored in Python by :func:`compute`), which it falls
     back to for rows only the reference handles (duplicate trial rows, unknown node statuses)."""
     sweeps = [sweeps] if isinstance(sweeps, str) else list(sweeps)
@@ -644,17 +645,6 @@ def _sum_table(tbl, keys: list[str], cols: Sequence[str] = _SUMS):
     res = tbl.select(list(dict.fromkeys([*keys, *cols]))).group_by(keys, use_threads=False).aggregate(
         [(c, "sum") for c in cols])
     return res.rename_columns([c.removesuffix("_sum") for c in res.column_names])
-
-
-def _grouped(tbl, keys: list[str], cols: Sequence[str] = _SUMS) -> dict[tuple, dict[str, Any]]:
-    """{key tuple: {col: sum}}, summed in input order. Groups whose last key is NULL are dropped
-    (a trial without a domain, a category without a backbone)."""
-    if tbl.num_rows == 0:
-        return {}
-    res = _sum_table(tbl, keys, cols)
-    kcols = [res.column(k).to_pylist() for k in keys]
-    vals = [res.column(c).to_pylist() for c in cols]
-    return {key: dict(zip(cols, (v[i] for v in vals))) for i, key in enumerate(zip(*kcols)) if key[-1] is not None}
 
 
 def round2(x):
