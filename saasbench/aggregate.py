@@ -725,10 +725,22 @@ def _rollup_source(con, sweeps: Sequence[str], quote: Callable[[str], str]) -> s
     return " UNION ALL ".join(parts) if parts else f"SELECT {cols} FROM node_rollups WHERE false"
 
 
-def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: float, traj: bool) -> SweepReport | None:
-    import pyarrow as pa
-    import pyarrow.compute as pc
+@dataclass
+class _TrialCols:
+    """The trials of a report in trial order (index = ``tord``), as plain columns."""
+    col: dict[str, list[Any]]          # sweep_id, trial_id, task_id, agent, model, domain, outcome, task_score, nodes
+    outcomes: list[str]
+    valid: list[bool]
+    trajs: list[str | None]
+    eff: list[float]                   # effective score (0 without one)
+    effd: list[float]                  # effective deterministic score
+    passed: list[int]
+    cfg_index: dict[tuple[str | None, str | None], int]
+    cfgs: list[int]
+    tasks: list[int]
 
+
+def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: float, traj: bool) -> SweepReport | None:
     from saasbench.lake.query import _arrow, _quote
 
     v = "coalesce(t.outcome = 'voided_cheat', false)"
@@ -752,15 +764,103 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
     sums = ", ".join(f"coalesce(r.{c}, 0) AS {c}" for c in (*_SUMS, "dks", "dkm"))
     tt = _arrow(con.execute(f"SELECT t.*, {sums} FROM {_T} t LEFT JOIN {_R} r ON r.tord = t.tord AND r.kind = 0 "
                             "ORDER BY t.tord"))
+    trial_scores, mismatches, tc = _trial_scores(tt, traj)
+    # per (trial, group) rows in trial order: categories, tiers
+    rows = _arrow(con.execute(f"SELECT * EXCLUDE (dks, dkm, other) FROM {_R} WHERE tord IS NOT NULL AND kind > 0 "
+                              "ORDER BY tord, kind, key"))
+    pooled, macro, cats, unknown_nodes = _group_sums(tt, rows, tc)
+
+    by_kind: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
+    for (scope, cfg, kind, key) in pooled:
+        by_kind[(scope, cfg, kind)].append(key)
+
+    def node_groups(scope: str, cfg: int, kind: str) -> dict[str, GroupScore]:
+        out = {}
+        for key in by_kind.get((scope, cfg, kind), []):
+            means = macro.get((scope, cfg, kind, key), [])
+            out[key] = GroupScore(score=scoring.benchmark_score(means), pooled=_agg_from(pooled[(scope, cfg, kind, key)]),
+                                  tasks=len(means))
+        return out
+
+    task_ids = tc.col["task_id"]
+
+    def by_attr(idx: list[int], scope: str, cfg: int, values: list[Any], kind: str,
+                order: Sequence[str] = ()) -> dict[str, GroupScore]:
+        split: dict[str, list[int]] = {}
+        for i in idx:
+            if values[i]:
+                split.setdefault(values[i], []).append(i)
+        out = {}
+        for k in [k for k in order if k in split] + sorted(set(split) - set(order)):
+            score, ntasks, _ = _macro_of((task_ids[i], tc.eff[i]) for i in split[k])
+            out[k] = GroupScore(score=score, pooled=_agg_from(pooled.get((scope, cfg, kind, k), _EMPTY_SUMS)),
+                                tasks=ntasks)
+        return out
+
+    def summary(idx: list[int], scope: Scope, cfg: int) -> ScopeSummary:
+        p1, ntasks, task_means = _macro_of((task_ids[i], tc.eff[i]) for i in idx)
+        det, _, _ = _macro_of((task_ids[i], tc.effd[i]) for i in idx)
+        total = pooled.get((scope, cfg, "total", ""), _EMPTY_SUMS)
+        pool = total["nodes"] - total["c_QUARANTINED"] - total["c_DRY_RUN"]
+        bb = node_groups(scope, cfg, "backbones")
+        return ScopeSummary(
+            scope=scope, trials=len(idx), tasks=ntasks, pass_at_1=p1, deterministic=det,
+            node_coverage=round(100 * total["c_PASSED"] / pool, 2) if pool else None,
+            skipped_llm_max_score=round(total["skm"], 4),
+            status_counts=Counts(**{k: total[f"c_{k}"] for k in _ST}),
+            domains=by_attr(idx, scope, cfg, tc.col["domain"], "domains", DOMAINS),
+            backbones={b: bb[b] for b in BACKBONES if b in bb},
+            categories=dict(sorted(node_groups(scope, cfg, "categories").items())),
+            complexity_tiers=dict(sorted(node_groups(scope, cfg, "complexity_tiers").items())),
+            trajectories=by_attr(idx, scope, cfg, tc.trajs, "trajectories") if traj else {},
+            pass_at_k=_pass_at_k_of(((task_ids[i], tc.eff[i]) for i in idx), pass_threshold),
+            task_scores={k: round(v, 4) for k, v in sorted(task_means.items())},
+        )
+
+    by_cfg: dict[int, list[int]] = defaultdict(list)
+    for i, cfg in enumerate(tc.cfgs):
+        by_cfg[cfg].append(i)
+    reports = []
+    for (agent, model), cfg in sorted(tc.cfg_index.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
+        idx = by_cfg[cfg]
+        vidx = [i for i in idx if tc.valid[i]]
+        reports.append(ConfigReport(
+            agent=agent, model=model,
+            outcome_counts=dict(sorted(Counter(tc.outcomes[i] for i in idx).items())),
+            valid_trials=len(vidx), infra_trials=len(idx) - len(vidx),
+            all=summary(idx, "all", cfg), valid=summary(vidx, "valid", cfg),
+        ))
+
+    present = {d for d in tc.col["domain"] if d}
+    return SweepReport(
+        node_issues=_node_issues(con, tc.col, [n - p for n, p in zip(tc.col["nodes"], tc.passed)], _quote),
+        orphan_node_rows=orphans,
+        sweeps=list(sweeps) or sorted(set(tc.col["sweep_id"])),
+        pass_threshold=pass_threshold,
+        configs=reports,
+        trials=trial_scores,
+        domains=[d for d in DOMAINS if d in present] + sorted(present - set(DOMAINS)),
+        unknown_categories=unknown_categories(cats),
+        unknown_category_nodes=unknown_nodes,
+        trajectory_available=traj,
+        score_mismatches=mismatches,
+    )
+
+
+def _trial_scores(tt, traj: bool) -> tuple[list[TrialScore], list[ScoreMismatch], _TrialCols]:
+    """Per trial (``tt``: trial rows with their rollup sums, in trial order): its TrialScore,
+    vectorised; the stored task scores that disagree; the columns the rest of the report needs."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     n = tt.num_rows
     col = {c: tt.column(c).to_pylist() for c in ("sweep_id", "trial_id", "task_id", "agent", "model", "domain",
-                                                 "outcome", "task_score", "nodes", "c_PASSED")}
+                                                 "outcome", "task_score", "nodes")}
     outcomes = [o or "completed" for o in col["outcome"]]
     valid = [o not in INFRA_OUTCOMES for o in outcomes]
     trajs = tt.column("trajectory").to_pylist() if traj else [None] * n
     ts_arr, ds_arr = _pct_array(tt.column("ks"), tt.column("km")), _pct_array(tt.column("dks"), tt.column("dkm"))
     pool = pc.subtract(pc.subtract(tt.column("nodes"), tt.column("c_QUARANTINED")), tt.column("c_DRY_RUN"))
-    coverage = _pct_array(tt.column("c_PASSED"), pool)
     ts = ts_arr.to_pylist()
     eff = pc.fill_null(ts_arr, 0.0).to_pylist()
     effd = pc.fill_null(ds_arr, 0.0).to_pylist()
@@ -771,8 +871,8 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
         "domain": tt.column("domain"), "outcome": pa.array(outcomes, pa.string()), "valid": pa.array(valid, pa.bool_()),
         "trajectory": pa.array(trajs, pa.string()), "task_score": ts_arr, "deterministic_score": ds_arr,
         "effective_score": pa.array(eff, pa.float64()), "effective_deterministic": pa.array(effd, pa.float64()),
-        "node_coverage": coverage, "nodes": tt.column("nodes"), "skipped_llm_max_score": tt.column("skm"),
-        "counts": counts, "lake_task_score": tt.column("task_score")})
+        "node_coverage": _pct_array(tt.column("c_PASSED"), pool), "nodes": tt.column("nodes"),
+        "skipped_llm_max_score": tt.column("skm"), "counts": counts, "lake_task_score": tt.column("task_score")})
     trial_scores = _TRIAL_SCORES.validate_python(trial_table.to_pylist())  # one Rust-side validation of all rows
     mismatches = [ScoreMismatch(trial_id=col["trial_id"][i], stored=col["task_score"][i], recomputed=ts[i])
                   for i in range(n) if col["nodes"][i] and col["outcome"][i] != "voided_cheat"
@@ -781,10 +881,25 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
     cfgs = [cfg_index.setdefault(am, len(cfg_index)) for am in zip(col["agent"], col["model"])]
     task_index: dict[str, int] = {}
     tasks = [task_index.setdefault(t, len(task_index)) for t in col["task_id"]]
-    attrs = {"cfg": pa.array(cfgs, pa.int32()), "task": pa.array(tasks, pa.int32()),
-             "is_valid": pa.array(valid, pa.bool_()),
-             "domain": pa.array([d or None for d in col["domain"]], pa.string()),
-             "traj": pa.array([x or None for x in trajs], pa.string())}
+    return trial_scores, mismatches, _TrialCols(col=col, outcomes=outcomes, valid=valid, trajs=trajs, eff=eff, effd=effd,
+                                                passed=tt.column("c_PASSED").to_pylist(), cfg_index=cfg_index,
+                                                cfgs=cfgs, tasks=tasks)
+
+
+_Key = tuple[str, int, str, Any]  # (scope, config, kind, group key)
+
+
+def _group_sums(tt, rows, tc: _TrialCols) -> tuple[dict[_Key, dict[str, Any]], dict[_Key, list[float]], list[str], int]:
+    """Pooled sums per (scope, config, kind, key) and the macro means per task of every group, from
+    the per-trial rows (``tt``) and the per-(trial, category|tier) rows in trial and key order
+    (``rows``). Also the categories seen and the nodes of categories no backbone takes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    attrs = {"cfg": pa.array(tc.cfgs, pa.int32()), "task": pa.array(tc.tasks, pa.int32()),
+             "is_valid": pa.array(tc.valid, pa.bool_()),
+             "domain": pa.array([d or None for d in tc.col["domain"]], pa.string()),
+             "traj": pa.array([x or None for x in tc.trajs], pa.string())}
 
     def with_attrs(tbl, names: Sequence[str]):
         idx = tbl.column("tord")
@@ -792,16 +907,13 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
             tbl = tbl.append_column(name, attrs[name].take(idx) if tbl.num_rows else pa.array([], attrs[name].type))
         return tbl
 
-    # per (trial, group) rows in trial order: categories, tiers, and backbones from categories.
-    # Group keys become small integer codes (group-bys on strings cost several times more).
-    rows = _arrow(con.execute(f"SELECT * EXCLUDE (dks, dkm, other) FROM {_R} WHERE tord IS NOT NULL AND kind > 0 "
-                              "ORDER BY tord, kind, key"))
+    # group keys become small integer codes (group-bys on strings cost several times more)
     key_codes, key_names = _codes(rows.column("key"))
     rows = rows.drop_columns(["key"]).append_column("kc", key_codes)
     cat_rows = rows.filter(pc.equal(rows.column("kind"), 1))
     tier_rows = rows.filter(pc.equal(rows.column("kind"), 2))
     cats = sorted({key_names[c] for c in pc.unique(cat_rows.column("kc")).to_pylist()})
-    bb_names = [b for b in BACKBONES] + sorted({b for c in cats if (b := backbone_for(c)) and b not in BACKBONES})
+    bb_names = list(BACKBONES) + sorted({b for c in cats if (b := backbone_for(c)) and b not in BACKBONES})
     bb_code = pa.array([bb_names.index(b) if (b := backbone_for(k)) else None for k in key_names], pa.int32())
     cat_bb = bb_code.take(cat_rows.column("kc"))
     unknown_nodes = pc.sum(cat_rows.filter(pc.is_null(cat_bb)).column("nodes")).as_py() or 0
@@ -820,6 +932,7 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
              "complexity_tiers": (tier_rows, tier_rows.column("kc"), key_names),
              "backbones": (bb_rows, bb_rows.column("bc"), bb_names)}
     kind_names = list(kinds)
+    names = [kn for _tbl, _code, kn in kinds.values()]
     parts = []
     for i, (tbl, code, _names) in enumerate(kinds.values()):
         cols = {"tord": tbl.column("tord"), "kind": pa.array([i] * tbl.num_rows, pa.int8()), "kc": code}
@@ -831,9 +944,8 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
     every = every.append_column("n_v", pc.cast(is_valid, pa.int64()))
     both = [*_SUMS, *(f"{c}_v" for c in _SUMS)]
     res = every.group_by(["cfg", "kind", "kc"], use_threads=False).aggregate([(c, "sum") for c in [*both, "n_v"]])
-    pooled: dict[tuple[str, int, str, Any], dict[str, Any]] = {}
+    pooled: dict[_Key, dict[str, Any]] = {}
     out_cols = {c: res.column(f"{c}_sum").to_pylist() for c in [*both, "n_v"]}
-    names = [names for _tbl, _code, names in kinds.values()]
     for i, (cfg, kind, kc) in enumerate(zip(*(res.column(c).to_pylist() for c in ("cfg", "kind", "kc")))):
         if kc is None:
             continue  # a trial without a domain or trajectory
@@ -842,8 +954,8 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
         if out_cols["n_v"][i]:
             pooled[("valid", cfg, kind_names[kind], key)] = {c: out_cols[f"{c}_v"][i] for c in _SUMS}
 
-    # macro: per trial the group percent, mean over attempts per task, mean over tasks in order
-    macro: dict[tuple[str, int, str, Any], list[float]] = {}
+    # macro: per trial the group percent, mean over attempts per task, tasks in order of first appearance
+    macro: dict[_Key, list[float]] = {}
     node_kinds = pa.array([kind_names.index(k) for k in ("categories", "complexity_tiers", "backbones")], pa.int8())
     m = every.select(["cfg", "kind", "kc", "task", "tord", "is_valid", "n_v", "ks", "km"])
     m = m.filter(pc.and_(pc.is_in(m.column("kind"), value_set=node_kinds), pc.greater(m.column("km"), 0)))
@@ -854,88 +966,13 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
             "tord_v", pc.if_else(m.column("is_valid"), m.column("tord"), pa.scalar(None, m.schema.field("tord").type)))
         res = m.group_by(["cfg", "kind", "kc", "task"], use_threads=False).aggregate(
             [("pct", "sum"), ("pct", "count"), ("tord", "min"), ("pct_v", "sum"), ("n_v", "sum"), ("tord_v", "min")])
-        for scope, order, total, cnt in (("all", "tord_min", "pct_sum", "pct_count"), ("valid", "tord_v_min", "pct_v_sum", "n_v_sum")):
+        for scope, order, total, cnt in (("all", "tord_min", "pct_sum", "pct_count"),
+                                         ("valid", "tord_v_min", "pct_v_sum", "n_v_sum")):
             sel = res.take(pc.sort_indices(res, [(order, "ascending")]))
             for cfg, kind, kc, t, n, first in zip(*(sel.column(c).to_pylist() for c in ("cfg", "kind", "kc", total, cnt, order))):
                 if first is not None:
                     macro.setdefault((scope, cfg, kind_names[kind], names[kind][kc]), []).append(t / n)
-
-    by_kind: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
-    for (scope, cfg, kind, key) in pooled:
-        by_kind[(scope, cfg, kind)].append(key)
-
-    def node_groups(scope: str, cfg: int, kind: str) -> dict[str, GroupScore]:
-        out = {}
-        for key in by_kind.get((scope, cfg, kind), []):
-            means = macro.get((scope, cfg, kind, key), [])
-            out[key] = GroupScore(score=scoring.benchmark_score(means), pooled=_agg_from(pooled[(scope, cfg, kind, key)]),
-                                  tasks=len(means))
-        return out
-
-    task_ids = col["task_id"]
-
-    def by_attr(idx: list[int], scope: str, cfg: int, values: list[Any], kind: str,
-                order: Sequence[str] = ()) -> dict[str, GroupScore]:
-        split: dict[str, list[int]] = {}
-        for i in idx:
-            if values[i]:
-                split.setdefault(values[i], []).append(i)
-        out = {}
-        for k in [k for k in order if k in split] + sorted(set(split) - set(order)):
-            score, ntasks, _ = _macro_of((task_ids[i], eff[i]) for i in split[k])
-            out[k] = GroupScore(score=score, pooled=_agg_from(pooled.get((scope, cfg, kind, k), _EMPTY_SUMS)),
-                                tasks=ntasks)
-        return out
-
-    def summary(idx: list[int], scope: Scope, cfg: int) -> ScopeSummary:
-        p1, ntasks, task_means = _macro_of((task_ids[i], eff[i]) for i in idx)
-        det, _, _ = _macro_of((task_ids[i], effd[i]) for i in idx)
-        total = pooled.get((scope, cfg, "total", ""), _EMPTY_SUMS)
-        pool = total["nodes"] - total["c_QUARANTINED"] - total["c_DRY_RUN"]
-        bb = node_groups(scope, cfg, "backbones")
-        return ScopeSummary(
-            scope=scope, trials=len(idx), tasks=ntasks, pass_at_1=p1, deterministic=det,
-            node_coverage=round(100 * total["c_PASSED"] / pool, 2) if pool else None,
-            skipped_llm_max_score=round(total["skm"], 4),
-            status_counts=Counts(**{k: total[f"c_{k}"] for k in _ST}),
-            domains=by_attr(idx, scope, cfg, col["domain"], "domains", DOMAINS),
-            backbones={b: bb[b] for b in BACKBONES if b in bb},
-            categories=dict(sorted(node_groups(scope, cfg, "categories").items())),
-            complexity_tiers=dict(sorted(node_groups(scope, cfg, "complexity_tiers").items())),
-            trajectories=by_attr(idx, scope, cfg, trajs, "trajectories") if traj else {},
-            pass_at_k=_pass_at_k_of(((task_ids[i], eff[i]) for i in idx), pass_threshold),
-            task_scores={k: round(v, 4) for k, v in sorted(task_means.items())},
-        )
-
-    by_cfg: dict[int, list[int]] = defaultdict(list)
-    for i, cfg in enumerate(cfgs):
-        by_cfg[cfg].append(i)
-    reports = []
-    for (agent, model), cfg in sorted(cfg_index.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
-        idx = by_cfg[cfg]
-        vidx = [i for i in idx if valid[i]]
-        reports.append(ConfigReport(
-            agent=agent, model=model,
-            outcome_counts=dict(sorted(Counter(outcomes[i] for i in idx).items())),
-            valid_trials=len(vidx), infra_trials=len(idx) - len(vidx),
-            all=summary(idx, "all", cfg), valid=summary(vidx, "valid", cfg),
-        ))
-
-    present = {d for d in col["domain"] if d}
-    bad = [nodes - passed for nodes, passed in zip(col["nodes"], pc.fill_null(counts.field("PASSED"), 0).to_pylist())]
-    return SweepReport(
-        node_issues=_node_issues(con, col, bad, _quote),
-        orphan_node_rows=orphans,
-        sweeps=list(sweeps) or sorted(set(col["sweep_id"])),
-        pass_threshold=pass_threshold,
-        configs=reports,
-        trials=trial_scores,
-        domains=[d for d in DOMAINS if d in present] + sorted(present - set(DOMAINS)),
-        unknown_categories=unknown_categories(cats),
-        unknown_category_nodes=unknown_nodes,
-        trajectory_available=traj,
-        score_mismatches=mismatches,
-    )
+    return pooled, macro, cats, unknown_nodes
 
 
 def _codes(arr) -> tuple[Any, list[Any]]:
