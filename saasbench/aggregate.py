@@ -604,7 +604,7 @@ def sweep_report_reference(con_or_lake, sweeps: str | Sequence[str], *,
 
 # --- fast path: per-trial rollups summed in the reference order -------------------------------
 # ``sweep_report`` reads ``node_rollups`` (per trial, per (trial, category), per (trial, tier):
-# score sums and status counts, derived by the writer; see saasbench.lake.rollups), about 17 rows
+# score sums and status counts, derived by the writer; see saasbench.lake.rollups), about 20 rows
 # per trial, instead of every node row. Sweeps whose rollups are missing (lakes older than them)
 # are rolled up from their node rows with the same function. DuckDB joins the rollups to their
 # trials and applies the voided_cheat rule (every node not excluded becomes FAILED with 0 points);

@@ -3,7 +3,7 @@
 A report over 200 sweeps reads 10,000 trials and a million node rows, but needs only, per trial
 and per node category and complexity tier, a handful of sums and status counts. The writer
 derives them here for every unit it commits (``write_trial``, ``write_batch``, ``compact``), so
-``saasbench report`` reads ~17 rollup rows per trial and never the node rows (except the first
+``saasbench report`` reads about 20 rollup rows per trial and never the node rows (except the first
 500 non-PASSED ones it lists). Lakes written before rollups existed are rolled up at read time
 with this same function, and ``saasbench lake compact`` stores them.
 

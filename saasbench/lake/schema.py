@@ -259,7 +259,7 @@ MODEL_CALLS = pa.schema(_TRIAL_KEY + [
 ])
 
 #: Derived from ``node_results`` by the writer (:mod:`saasbench.lake.rollups`), never written by
-#: callers: per trial, the sums every report needs, so ``saasbench report`` reads about 17 rows
+#: callers: per trial, the sums every report needs, so ``saasbench report`` reads about 20 rows
 #: per trial instead of ~100 node rows. Sums add the node rows left to right in (node_index,
 #: node_id) order, excluded statuses (SKIPPED_LLM, QUARANTINED, DRY_RUN) adding 0.
 NODE_ROLLUPS = pa.schema(_TRIAL_KEY + [
