@@ -180,16 +180,7 @@ def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: in
     done = not loose and len(serving) <= 1 and not any(b in snap.excluded for b in serving)
     result = CompactResult(batch=None)
     if live and not done:
-        con = connect_snapshot(store, snap, sweep_id=sweep_id)
-        try:
-            tables = {}
-            for name, t in S.TABLES.items():
-                if (sweep_id is not None and t.unit == "validation") or name in S.DERIVED_TABLES:
-                    continue  # derived tables are derived again (lakes older than them gain them here)
-                tbl = con.execute(f'SELECT * FROM "{name}"').arrow()
-                tables[name] = tbl.read_all() if isinstance(tbl, pa.RecordBatchReader) else tbl
-        finally:
-            con.close()
+        tables = _read_tables(connect_snapshot(store, snap, sweep_id=sweep_id), with_validations=sweep_id is None)
         sources = {k: (s.generation, s.written_at) for k, s in live.items()}
         result.batch = write_batch(store, tables, max_file_rows=max_file_rows, sources=sources, hook=hook)
         result.units = len(live)
@@ -203,6 +194,22 @@ def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: in
     doomed += [s.marker for k, s in snap.winners.items() if s.deleted and not s.batch and k not in held and in_scope(k)]
     _delete_markers(store, doomed, result)
     return result
+
+
+def _read_tables(con: Any, *, with_validations: bool = True) -> dict[str, pa.Table]:
+    """Every row the connection's views serve, per table, to be rewritten as one batch (then the
+    connection is closed). Derived tables are left out: the writer derives them again, so lakes
+    older than a derived table gain it here."""
+    try:
+        tables = {}
+        for name, t in S.TABLES.items():
+            if name in S.DERIVED_TABLES or (not with_validations and t.unit == "validation"):
+                continue
+            tbl = con.execute(f'SELECT * FROM "{name}"').arrow()
+            tables[name] = tbl.read_all() if isinstance(tbl, pa.RecordBatchReader) else tbl
+        return tables
+    finally:
+        con.close()
 
 
 def _delete_markers(store: Store, doomed: list[dict[str, Any]], result: CompactResult) -> None:
@@ -248,16 +255,7 @@ def merge_batches(lake: Store | str, *, max_batches: int = DEFAULT_MAX_BATCHES, 
                         winners={k: s for k, s in snap.winners.items() if s.batch and s.key in chosen},
                         batch_files={t: [e for e in entries if e[0] in chosen] for t, entries in snap.batch_files.items()},
                         excluded={b: ks for b, ks in snap.excluded.items() if b in chosen})
-        con = connect_snapshot(store, part)
-        try:
-            tables = {}
-            for name in S.TABLES:
-                if name in S.DERIVED_TABLES:
-                    continue
-                tbl = con.execute(f'SELECT * FROM "{name}"').arrow()
-                tables[name] = tbl.read_all() if isinstance(tbl, pa.RecordBatchReader) else tbl
-        finally:
-            con.close()
+        tables = _read_tables(connect_snapshot(store, part))
         sources = {k: (s.generation, s.written_at) for k, s in part.winners.items()}
         result.batch = write_batch(store, tables, max_file_rows=max_file_rows, sources=sources, hook=hook)
         result.units = len(sources)
