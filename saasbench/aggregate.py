@@ -47,7 +47,6 @@ Definitions (per (agent, model) "configuration"; ``scope`` is ``all`` or ``valid
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import random
 from collections import Counter, defaultdict
@@ -61,6 +60,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from saasbench import scoring
 from saasbench.backbones import BACKBONES, backbone_for, unknown_categories
+from saasbench.lake.query import gc_paused
 from saasbench.lake.schema import (
     INFRA_OUTCOMES,  # env_error, judge_error, task_defect: not valid trials
 )
@@ -570,7 +570,7 @@ def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: fl
     sweeps = [sweeps] if isinstance(sweeps, str) else list(sweeps)
     if not sweeps:
         raise ValueError("no sweep given")
-    with _gc_paused():
+    with gc_paused():  # ~10 objects per trial, no cycles: the collector's passes cost ~20%
         con = (connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None, tables=REPORT_TABLES)
                if _is_lake(con_or_lake) else con_or_lake)
         report = _sql_report(con, sweeps, pass_threshold)
@@ -578,19 +578,6 @@ def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: fl
         return report
     trials, nodes, traj = load_rows(con, sweeps)
     return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """No cyclic garbage collection while the report allocates its ~10 objects per trial: the
-    collector's passes over them took ~20% of a 200-sweep report, and nothing here makes cycles."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def sweep_report_reference(con_or_lake, sweeps: str | Sequence[str], *,

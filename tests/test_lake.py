@@ -536,3 +536,29 @@ def test_gateway_metered_usage_wins_over_the_agents_own(tmp_path, real):
     assert (trial["tokens_in"], trial["tokens_out"], trial["cost_usd"]) == (150, 15, 0.75)
     plain = L.trial_rows(info, real["report"], trajectory=real["trajectory"]).tables["trials"][0]
     assert (plain["tokens_in"], plain["tokens_out"], plain["cost_usd"]) == (1000, 200, 0.0123)
+
+
+def test_connect_pauses_garbage_collection_and_restores_it(tmp_path, monkeypatch):
+    """connect parses every commit marker (10,000 dicts for a 10,000-trial batch) with the cyclic
+    collector off, and leaves the collector as it found it, also when it fails."""
+    import gc
+    import sys as _sys
+
+    q = _sys.modules["saasbench.lake.query"]
+    seen: list[bool] = []
+    real_snapshot = q.snapshot
+    monkeypatch.setattr(q, "snapshot", lambda *a, **k: seen.append(gc.isenabled()) or real_snapshot(*a, **k))
+    assert gc.isenabled()
+    L.connect(str(tmp_path / "lake")).close()
+    assert seen == [False] and gc.isenabled()
+    monkeypatch.setattr(q, "snapshot", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError):
+        L.connect(str(tmp_path / "lake"))
+    assert gc.isenabled()
+    gc.disable()
+    try:  # nested inside a caller's pause: stays off
+        monkeypatch.setattr(q, "snapshot", real_snapshot)
+        L.connect(str(tmp_path / "lake")).close()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -6,6 +6,7 @@ showed, across each crash point of ``compact`` and writes that race with it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -187,6 +188,24 @@ def test_merge_batches_keeps_newer_trial_writes(lake, real):
     q = "SELECT message FROM node_results WHERE sweep_id = 's1' AND trial_id = 't1' AND node_id = 'README_EXISTS'"
     assert L.query(lake, q).to_pylist() == [{"message": "rerun"}]
     assert any("trial_id=t1" in k for k in markers(lake))  # the newer write is not merged away
+
+
+@pytest.mark.parametrize("same_source", [True, False])
+def test_a_batch_listing_a_unit_twice_still_serves_it_once(lake, real, same_source):
+    """A batch marker whose unit list names a trial twice (a hand-edited or buggy writer's marker)
+    must not hide that trial: the batch is its only source."""
+    seed(lake, real, sweeps=("s1",), n=2)
+    compact(lake, sweep_id="s1")
+    before = everything(lake)
+    [key] = _batches(lake)
+    m = json.loads(lake.get(key))
+    dup = dict(next(e for e in m["units"] if e.get("trial_id") == "t1"))
+    if not same_source:
+        dup["source_generation"] = "f" * 16
+    m["units"].append(dup)
+    lake.put(key, json.dumps(m).encode())
+    assert everything(lake) == before
+    assert L.committed_trials(lake, "s1") == {"t0", "t1"}
 
 
 @pytest.mark.parametrize("event", ["before_file", "before_marker", "before_cleanup"])

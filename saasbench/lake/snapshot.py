@@ -172,11 +172,15 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
         old = unit_markers.get(k)
         unit_markers[k] = src if old is None else _better(src, old)
     for b in batches:
+        shared: dict[tuple[str, str], Source] = {}  # a batch's entries share a few sources: one object each
         for e in b["units"]:
             k = unit_key(e) if isinstance(e, dict) else None
             if k is None:
                 continue
-            src = Source(b, str(e.get("source_generation", "")), str(e.get("source_written_at", "")), True)
+            gw = (str(e.get("source_generation", "")), str(e.get("source_written_at", "")))
+            src = shared.get(gw)
+            if src is None:
+                src = shared[gw] = Source(b, gw[0], gw[1], True)
             batch_entries.setdefault(k, []).append(src)
 
     served: dict[str, int] = {b["marker"]: 0 for b in batches}
@@ -205,7 +209,7 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
         for s in entries:
             if s is win:
                 served[s.key] += 1
-            else:
+            elif s.key != win.key:  # a batch that lists the unit twice still serves it
                 snap.excluded.setdefault(s.key, []).append(k)
 
     for k, src in snap.winners.items():
