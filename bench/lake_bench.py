@@ -251,6 +251,20 @@ def time_cli(uri: str, repeats: int) -> dict:
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": len(times)}
 
 
+def cpu_reference(repeats: int = 7) -> float:
+    """Median seconds of a fixed pure-Python loop: how fast the shared VM was at that moment. Runs
+    of this bench are comparable only when these agree (the same code measured 0.43 s and 0.76 s
+    for one report on two afternoons of this VM)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(2_000_000):
+            x += i
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def bench_store(name: str, root: str, sweeps: dict, total: int, args) -> dict:
     out: dict = {"store": name}
     one = f"{root}/one-batch"
@@ -302,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="write the local lake here and keep it (default: a temp dir)")
     args = ap.parse_args(argv)
 
+    cpu_before = cpu_reference()
     t0 = time.perf_counter()
     sweeps, total = generate(args.rows, args.tasks, args.configs, args.attempts, args.seed)
     gen_s = time.perf_counter() - t0
@@ -342,7 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    result["machine"]["cpu_reference_s"] = {"before": cpu_before, "after": cpu_reference()}
     d = result["data"]
+    cpu = result["machine"]["cpu_reference_s"]
+    print(f"CPU reference loop (2M additions): {cpu['before'] * 1000:.0f} ms before, {cpu['after'] * 1000:.0f} ms after")
     print(f"{d['node_rows']:,} node rows, {d['trials']:,} trials, {d['sweeps']} sweeps "
           f"({d['tasks_per_sweep']} tasks x {d['configs']} configs x {d['attempts']} attempts); generated in {gen_s:.1f}s")
     for s in result["stores"]:
