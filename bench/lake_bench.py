@@ -254,7 +254,7 @@ def time_cli(uri: str, repeats: int) -> dict:
 def cpu_reference(repeats: int = 7) -> float:
     """Median seconds of a fixed pure-Python loop: how fast the shared VM was at that moment. Runs
     of this bench are comparable only when these agree (the same code measured 0.43 s and 0.76 s
-    for one report on two afternoons of this VM)."""
+    for one local report, five hours apart, on this VM)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
