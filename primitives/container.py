@@ -1,9 +1,11 @@
 """Container primitives P12 (container_exec) and P21 (log_content_check).
 
-Both act through the trial's Environment backend (``ctx.target.environment``, see
-:mod:`saasbench.environment`): P12 runs a shell command where the app runs (the app container,
-or the local workspace for the local backend), P21 reads a log. Without an environment the step
-fails with a message; evaluating a bare ``--base-url`` cannot run commands in the app.
+Both act through an exec target (``ctx.target.exec_target``, ``saasbench evaluate --exec
+local:DIR|docker:CONTAINER``, see :mod:`saasbench.exec_target`) or else the trial's Environment
+backend (``ctx.target.environment``, see :mod:`saasbench.environment`): P12 runs a shell command
+where the app runs (the app container, the local workspace, or the --exec target), P21 reads a
+log. Every command gets ``ctx.target.exec_env``. With neither, the step raises
+:class:`~saasbench.exec_target.NoExecTarget` and the node is ERROR with a message naming ``--exec``.
 
 Limits: each output stream is capped at 1 MiB by the environment (the evidence keeps the last
 2,000 characters of each); the command's timeout is bounded by the node deadline; P21 reads log
@@ -19,15 +21,28 @@ from pydantic import Field, model_validator
 
 from saasbench.context import RunContext
 from saasbench.dag import note
+from saasbench.placeholders import UnresolvedPlaceholder
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
 from saasbench.results import StepResult
 
-NO_ENVIRONMENT = "no environment: {code} needs an environment backend (run the task through a trial, not --base-url alone)"
 EVIDENCE_CHARS = 2000
 
 
 def _environment(ctx: RunContext, code: str) -> Any:
-    return getattr(ctx.target, "environment", None)
+    """The exec target or environment; raises NoExecTarget (node ERROR) when there is neither."""
+    from saasbench.exec_target import exec_target_of
+
+    return exec_target_of(ctx, code)
+
+
+def command_env(ctx: RunContext, command: str = "") -> dict[str, str]:
+    """What a P12 command's ``${VAR}`` sees: ``meta.env_defaults``, then run variables (``--var``)
+    the command names as ``${VAR}``, then the exec variables (``--exec-env``, task ``exec_env``)."""
+    from saasbench.placeholders import SHELL
+
+    named = {m.group(1) for m in SHELL.finditer(command)}
+    run_vars = {k: str(v) for k, v in ctx.vars.items() if k in named and isinstance(v, (str, int, float))}
+    return {**{k: str(v) for k, v in ctx.env_defaults.items()}, **run_vars, **(ctx.target.exec_env or {})}
 
 
 def _tail_chars(text: str, n: int = EVIDENCE_CHARS) -> str:
@@ -83,21 +98,27 @@ class P12Inputs(PrimitiveInputs):
         return data
 
 
-@primitive("P12", P12Inputs)
+@primitive("P12", P12Inputs, raw_fields={"command"})
 def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
     """Run a command in the app's environment; pass on the expected exit code and output."""
     env = _environment(ctx, "P12")
-    if env is None:
-        return StepResult(passed=False, message=NO_ENVIRONMENT.format(code="P12"))
     timeout = ctx.timeout(inputs.timeout)
-    result = env.exec(inputs.command, timeout_s=timeout)
+    try:  # {{...}} spliced shell-quoted; ${VAR:-default} is the shell's, as in the reference harness
+        command = ctx.resolve_command(inputs.command)
+    except UnresolvedPlaceholder as exc:
+        return StepResult(passed=False, message=str(exc), evidence={"placeholder": exc.placeholder})
+    result = env.exec(command, timeout_s=timeout, env=command_env(ctx, command) or None)
     output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
     evidence: dict[str, Any] = {
-        "command": inputs.command, "container": inputs.container, "backend": getattr(env, "kind", None),
+        "command": command, "container": inputs.container, "backend": getattr(env, "kind", None),
         "exit_code": result.exit_code, "timed_out": result.timed_out, "truncated": result.truncated,
         "timeout_s": round(timeout, 3), "stdout": _tail_chars(result.stdout), "stderr": _tail_chars(result.stderr),
     }
-    value = {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr, "output": output}
+    value: dict[str, Any] = {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr, "output": output}
+    last_line = next((ln.strip() for ln in reversed(result.stdout.splitlines()) if ln.strip()), "")
+    if re.fullmatch(r"-?\d{1,18}", last_line):
+        value["output_int"] = int(last_line)  # `... | wc -l` style commands, asserted as $.output_int
+    ctx.last_document = value  # what a following P07 reads (mjobbzsi asserts on it), never a stale response
 
     problems: list[str] = []
     if result.timed_out:
@@ -160,12 +181,13 @@ class P21Inputs(PrimitiveInputs):
         return data
 
 
-@primitive("P21", P21Inputs)
 def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
-    """The last lines of a log (workspace file or service log) contain (or do not contain) a pattern."""
+    """The last lines of a log (workspace file or service log) contain (or do not contain) a pattern.
+
+    P21 is registered once, in primitives/websocket.py, whose inputs extend these with the
+    WebSocket dialect (``url``); without a ``url`` it calls this function.
+    """
     env = _environment(ctx, "P21")
-    if env is None:
-        return StepResult(passed=False, message=NO_ENVIRONMENT.format(code="P21"))
     source = "file"
     text: str | None = None
     try:
@@ -173,6 +195,19 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
         source = "service"
     except KeyError:
         pass
+    if text is None and not callable(getattr(env, "read_file", None)):  # an exec target: tail where commands run
+        from saasbench.environment import EnvError
+
+        source = "exec"
+        try:
+            text = env.tail_file(inputs.log_path, inputs.tail_lines, env=ctx.target.exec_env or None,
+                                 timeout_s=ctx.timeout(30.0))
+        except FileNotFoundError:
+            return StepResult(passed=False, message=f"log {inputs.log_path!r} not found where the exec target runs commands",
+                              evidence={"log_path": inputs.log_path, "source": source})
+        except (EnvError, OSError) as exc:
+            return StepResult(passed=False, message=f"cannot read log {inputs.log_path!r}: {exc}",
+                              evidence={"log_path": inputs.log_path, "source": source})
     if text is None:
         from saasbench.environment import EnvError, PathEscape
 

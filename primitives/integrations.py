@@ -75,7 +75,8 @@ DEFAULT_WAIT_MS = 15000
 EVIDENCE_ITEMS = 10
 EVIDENCE_BODY_CHARS = 500
 REMOTE_POLL_S = 0.25  # polling a remote API (a task's mock-receiver or MailHog): it cannot notify us
-NO_ENVIRONMENT = "no environment: an exec trigger needs an environment backend (run the task through a trial, not --base-url alone)"
+NO_ENVIRONMENT = ("no environment: an exec trigger needs an exec target (pass --exec local:DIR or --exec docker:CONTAINER) "
+                  "or an environment backend (a trial)")
 
 
 # --- triggers -------------------------------------------------------------------------------------
@@ -164,11 +165,11 @@ def fire(ctx: RunContext, triggers: Triggers, *, resolve: bool = True) -> tuple[
 
 def _fire_one(ctx: RunContext, t: Trigger) -> tuple[str | None, dict[str, Any], bool]:
     if t.type == "exec":
-        env = getattr(ctx.target, "environment", None)
+        env = getattr(ctx.target, "exec_target", None) or getattr(ctx.target, "environment", None)
         if env is None:
             return NO_ENVIRONMENT, {"type": "exec", "command": t.command}, False
         timeout = ctx.timeout(t.timeout or 120.0)
-        result = env.exec(t.command, timeout_s=timeout)
+        result = env.exec(t.command, timeout_s=timeout, env=getattr(ctx.target, "exec_env", None) or None)
         ev = {"type": "exec", "command": t.command, "exit_code": result.exit_code, "timed_out": result.timed_out,
               "stdout": result.stdout[-1000:], "stderr": result.stderr[-1000:]}
         if result.timed_out:

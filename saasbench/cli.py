@@ -336,19 +336,22 @@ def dag_plan(
     only: Annotated[Optional[list[str]], typer.Option("--only", metavar="NODE", help="Plan only these node ids (and their prerequisites)")] = None,
     category: Annotated[Optional[list[str]], typer.Option("--category", metavar="CAT", help="Plan only nodes of these categories (and their prerequisites)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the order as JSON")] = False,
+    compat: Annotated[Compat, typer.Option("--compat", help="strict (ties in file order), or reference (the reference harness's FIFO Kahn)")] = Compat.strict,
 ) -> None:
     """Print the execution order: index, id, category, method, maxScore, prerequisites.
 
-    Order is a stable topological sort (ties keep file order); run_last nodes come at the end.
+    Order is a stable topological sort (ties keep file order; with --compat reference, the
+    reference harness's FIFO Kahn over file order, as `evaluate --compat reference` runs it);
+    run_last nodes come at the end.
 
     Example: saasbench dag plan path/to/dag.json --category Authentication
     """
     from saasbench.dag import execution_order
-    from saasbench.engine import select_nodes
+    from saasbench.engine import select_nodes, tie_order
 
     result = _load_dag_or_exit(path, EXIT_DAG_ERRORS)
     try:
-        nodes = execution_order(select_nodes(result.dag, only or [], category or []))
+        nodes = execution_order(select_nodes(result.dag, only or [], category or []), ties=tie_order(compat.value))
     except KeyError as exc:
         raise _fail(str(exc.args[0]) if exc.args else str(exc)) from None
     rows = [{"index": i, "id": n.id, "category": n.scoring.category, "method": n.method, "maxScore": n.max_score,
@@ -410,6 +413,27 @@ def probe(base_url: str, timeout_s: float = 3.0) -> str | None:
     return None
 
 
+def _exec_target_or_exit(spec: str | None, env: dict[str, str], env_file: Path | None):
+    """``--exec``/``--exec-env``/``--exec-env-file`` -> (target or None, variables); exit 2 when unusable.
+
+    The env file's ``$VAR`` expand against its earlier lines, then the target's base environment
+    (the host's for ``local:``, the container's for ``docker:``); ``--exec-env`` values are literal
+    and win."""
+    from saasbench.exec_target import ExecTargetError, make_exec_target, parse_env_file
+
+    target = None
+    try:
+        if spec is not None:
+            target = make_exec_target(spec)
+        variables = parse_env_file(env_file, target.base_env() if target is not None else {}) if env_file else {}
+    except ExecTargetError as exc:
+        if target is not None:
+            target.close()
+        raise _fail(str(exc)) from None
+    variables.update(env)
+    return target, variables
+
+
 def run_evaluation(
     *,
     dag_path: Path,
@@ -434,6 +458,9 @@ def run_evaluation(
     judge_api_key_env: str | None = None,
     judge_cache_dir: Path | None = None,
     judge_votes: int = 1,
+    exec_spec: str | None = None,
+    exec_env: dict[str, str] | None = None,
+    exec_env_file: Path | None = None,
     console: Console | None = None,
 ) -> tuple["RunReport", Path]:
     """Load, check, run and write ``report.json``; raises ``typer.Exit`` when it cannot run."""
@@ -444,7 +471,7 @@ def run_evaluation(
     from saasbench.auth import AuthProfileError, load_auth_profile
     from saasbench.context import RunContext, RunOptions, Target
     from saasbench.dag import execution_order
-    from saasbench.engine import Engine, EngineOptions, select_nodes
+    from saasbench.engine import Engine, EngineOptions, select_nodes, tie_order
 
     console = console or _console()
     parts = urlsplit(base_url)
@@ -463,7 +490,7 @@ def run_evaluation(
         except AuthProfileError as exc:
             raise _fail(str(exc)) from None
     try:
-        selected = execution_order(select_nodes(dag, only or [], categories or []))
+        selected = execution_order(select_nodes(dag, only or [], categories or []), ties=tie_order(compat))
     except KeyError as exc:
         raise _fail(str(exc.args[0]) if exc.args else str(exc)) from None
     quarantine = set(quarantine or ())
@@ -498,8 +525,9 @@ def run_evaluation(
                                       cache_dir=judge_cache_dir, votes=judge_votes))
         except ValidationError as exc:
             raise _fail("invalid judge settings: " + "; ".join(e["msg"] for e in exc.errors())) from None
+    exec_target, exec_vars = _exec_target_or_exit(exec_spec, exec_env or {}, exec_env_file)  # before the run: exit 2
     target = Target(base_url=base_url, workspace=workspace.resolve() if workspace else None, db_dsn=db_dsn,
-                    task_id=dag.meta.get("task_id"))
+                    task_id=dag.meta.get("task_id"), exec_target=exec_target, exec_env=exec_vars)
     options = RunOptions(compat=compat, node_timeout_s=node_timeout, http_timeout_s=http_timeout,
                          max_response_bytes=max_response_bytes, judge_enabled=judge is not None)
     ctx = RunContext(target, options=options, auth_profile=profile, variables=variables or {}, env_defaults=dag.env_defaults)
@@ -513,7 +541,11 @@ def run_evaluation(
         def tick(node_result) -> None:
             progress.update(task, advance=1, description=f"{node_result.id} {node_result.status.value}")
 
-        report = engine.run(on_node=tick)
+        try:
+            report = engine.run(on_node=tick)
+        finally:
+            if exec_target is not None:
+                exec_target.close()
         progress.update(task, description=f"done: {len(selected)} node(s)")
     report_path = out_dir / "report.json"
     report_path.write_text(report.model_dump_json(indent=2), encoding="utf-8")
@@ -543,6 +575,9 @@ def evaluate(
     judge_api_key_env: Annotated[Optional[str], typer.Option("--judge-api-key-env", help="NAME of the environment variable holding the judge's API key")] = None,
     judge_cache_dir: Annotated[Optional[Path], typer.Option("--judge-cache-dir", help="Cache judge replies here (keyed by model, prompt and evidence)")] = None,
     judge_votes: Annotated[int, typer.Option("--judge-votes", min=1, help="k independent judge calls; median score, spread recorded")] = 1,
+    exec_spec: Annotated[Optional[str], typer.Option("--exec", metavar="local:DIR|docker:CONTAINER", help="Where P12/P21 run commands: bash -c in DIR on this host, or docker exec in a running container ($DOCKER_HOST)")] = None,
+    exec_env: Annotated[Optional[list[str]], typer.Option("--exec-env", metavar="NAME=VALUE", help="A variable for every P12/P21 command (repeatable; literal value)")] = None,
+    exec_env_file: Annotated[Optional[Path], typer.Option("--exec-env-file", help="File of K=V / export K=V lines for P12/P21 commands ($VAR expanded; parsed, not run)")] = None,
 ) -> None:
     """Score a running app with a validation DAG and write report.json.
 
@@ -551,6 +586,12 @@ def evaluate(
     Example: saasbench evaluate --dag path/to/dag.json --base-url http://127.0.0.1:8000 --workspace path/to/app --auth path/to/auth.yaml
     """
     variables = _parse_vars(var or [])
+    from saasbench.exec_target import ExecTargetError, parse_env_options
+
+    try:
+        exec_vars = parse_env_options(exec_env or [])
+    except ExecTargetError as exc:
+        raise _fail(str(exc)) from None
     q = _read_quarantine(quarantine) if quarantine is not None else set()
     console = _console()
     report, report_path = run_evaluation(
@@ -558,7 +599,8 @@ def evaluate(
         compat=compat.value, node_timeout=node_timeout, http_timeout=http_timeout, max_response_bytes=max_response_bytes,
         variables=variables, dry_run=dry_run, quarantine=q, require_up=require_up, db_dsn=db_dsn,
         judge_model=judge_model, judge_api_base=judge_api_base, judge_api_key_env=judge_api_key_env,
-        judge_cache_dir=judge_cache_dir, judge_votes=judge_votes, console=console,
+        judge_cache_dir=judge_cache_dir, judge_votes=judge_votes, exec_spec=exec_spec, exec_env=exec_vars,
+        exec_env_file=exec_env_file, console=console,
     )
     render_summary(console, report, report_path)
 

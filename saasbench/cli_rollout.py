@@ -120,8 +120,8 @@ def _follow_up(console: Console, ro: Any) -> None:
     else:
         console.print("  # the task has no start command: start the app as the agent left it", markup=False)
     console.print("  " + f["evaluate_shell"], markup=False, highlight=False, soft_wrap=True)
-    console.print("  # evaluate runs without an environment backend: nodes that exec in the app's environment "
-                  "(P12, P21) fail there; `saasbench run` scores them", markup=False)
+    console.print("  # --exec local:<workspace> runs the DAG's P12/P21 commands in the workspace with the app's variables",
+                  markup=False)
     if "--db-dsn" not in f.get("evaluate_argv", []):
         console.print("  # add --db-dsn for the task's database if its DAG reads it", markup=False)
     if ro.backend == "docker":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -28,6 +28,10 @@ class Target:
     db_dsn: str | None = None
     environment: Any = None  # an Environment backend (exec, logs), when one exists
     task_id: str | None = None
+    # where P12/P21 run commands when saasbench did not start the app (saasbench.exec_target;
+    # --exec local:DIR / docker:CONTAINER); it wins over ``environment`` for P12/P21
+    exec_target: Any = None
+    exec_env: dict[str, str] = field(default_factory=dict)  # variables every P12/P21 command gets
 
 
 @dataclass
@@ -97,6 +101,10 @@ class RunContext:
     def resolve(self, value: Any) -> Any:
         """Resolve placeholders; raises UnresolvedPlaceholder naming the first unknown one."""
         return self._resolver.resolve(value)
+
+    def resolve_command(self, text: str) -> str:
+        """Resolve a shell command's ``{{...}}`` placeholders (quoted); ``${VAR}`` stays for the shell."""
+        return self._resolver.resolve_command(text)
 
     def resolver_with(self, extra: Mapping[str, Any]) -> Resolver:
         """A resolver that looks in ``extra`` first (auth login bodies templated with user fields)."""

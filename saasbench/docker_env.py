@@ -260,6 +260,66 @@ class _CappedStreams:
         return b"".join(self.parts[which]).decode("utf-8", errors="replace")
 
 
+def exec_in_container(client: docker.DockerClient, container: Any, argv: list[str], timeout_s: float,
+                      env: Mapping[str, str] | None = None, workdir: str | None = None, *,
+                      marker_kill: bool = True) -> ExecResult:
+    """Run ``argv`` in ``container`` with the :meth:`Environment.exec` contract (1 MiB per stream,
+    exit 124 on timeout). With ``marker_kill`` it runs under the marker wrapper (``argv`` is then
+    ``[shell, command]``) and everything it started dies when it ends or times out."""
+    api = client.api
+    mark = uuid.uuid4().hex
+    environment = {str(k): str(v) for k, v in (env or {}).items()}
+    if marker_kill:
+        environment["SAASBENCH_EXEC"] = mark
+        argv = ["/bin/sh", "-c", _EXEC_WRAPPER, "saasbench-exec", *argv]
+    try:
+        exec_id = api.exec_create(container.id, argv, environment=environment, workdir=workdir)["Id"]
+        stream = api.exec_start(exec_id, stream=True, demux=True)
+    except Exception as exc:
+        raise EnvError(f"cannot exec in {container.name}: {exc}") from exc
+    streams = _CappedStreams(MAX_OUTPUT_BYTES)
+
+    def read() -> None:
+        with contextlib.suppress(Exception):  # the connection went away (container removed)
+            for out, err in stream:
+                streams.add(0, out)
+                streams.add(1, err)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=max(0.01, timeout_s))
+    timed_out = reader.is_alive()
+    if timed_out:
+        if marker_kill:
+            kill_marked(container, "SAASBENCH_EXEC=" + mark)
+        else:
+            with contextlib.suppress(Exception):
+                pid = api.exec_inspect(exec_id).get("Pid")
+                if pid:
+                    os.kill(int(pid), signal.SIGKILL)
+        reader.join(timeout=5)
+    code = -1
+    with contextlib.suppress(Exception):
+        info = api.exec_inspect(exec_id)
+        code = info.get("ExitCode") if info.get("ExitCode") is not None else -1
+    if timed_out:
+        code = TIMEOUT_EXIT_CODE
+    return ExecResult(exit_code=code, stdout=streams.text(0), stderr=streams.text(1), timed_out=timed_out,
+                      truncated=streams.truncated)
+
+
+def kill_marked(container: Any, marker: str) -> None:
+    """Kill every process in ``container`` whose environment holds ``marker`` (NAME=value)."""
+    with contextlib.suppress(Exception):
+        container.exec_run(["/bin/sh", "-c", _KILL_MARKED, "saasbench-kill", marker])
+
+
+def container_shell(client: docker.DockerClient, container: Any) -> str:
+    """``bash`` when the container has it, else ``sh``."""
+    probe = exec_in_container(client, container, ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1"], 30, marker_kill=False)
+    return "bash" if probe.exit_code == 0 else "sh"
+
+
 # --- the backend ---------------------------------------------------------------------------------
 class DockerEnvironment(HostFolderFiles, Environment):
     """One trial's containers. ``with DockerEnvironment(task=task, client=client) as env: ...``.
@@ -369,8 +429,7 @@ class DockerEnvironment(HostFolderFiles, Environment):
             else:
                 self._check_running(name)
         app = self._containers[self.app_name]
-        probe = self._exec_in(app, ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1"], 30, marker_kill=False)
-        self._shell = "bash" if probe.exit_code == 0 else "sh"
+        self._shell = container_shell(self.client, app)
         self._setup_reach()
 
     def _setup_reach(self) -> None:
@@ -665,52 +724,10 @@ class DockerEnvironment(HostFolderFiles, Environment):
     # --- commands and files ----------------------------------------------------------------------
     def _exec_in(self, container: Any, argv: list[str], timeout_s: float, env: Mapping[str, str] | None = None,
                  workdir: str | None = None, marker_kill: bool = True) -> ExecResult:
-        """Run ``argv`` in ``container``; with ``marker_kill`` it runs under the marker wrapper
-        (``argv`` is then ``[shell, command]``) and everything it started dies when it ends."""
-        api = self.client.api
-        mark = uuid.uuid4().hex
-        environment = {str(k): str(v) for k, v in (env or {}).items()}
-        if marker_kill:
-            environment["SAASBENCH_EXEC"] = mark
-            argv = ["/bin/sh", "-c", _EXEC_WRAPPER, "saasbench-exec", *argv]
-        try:
-            exec_id = api.exec_create(container.id, argv, environment=environment, workdir=workdir)["Id"]
-            stream = api.exec_start(exec_id, stream=True, demux=True)
-        except Exception as exc:
-            raise EnvError(f"cannot exec in {container.name}: {exc}") from exc
-        streams = _CappedStreams(MAX_OUTPUT_BYTES)
-
-        def read() -> None:
-            with contextlib.suppress(Exception):  # the connection went away (container removed)
-                for out, err in stream:
-                    streams.add(0, out)
-                    streams.add(1, err)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout=max(0.01, timeout_s))
-        timed_out = reader.is_alive()
-        if timed_out:
-            if marker_kill:
-                self._kill_marked(container, "SAASBENCH_EXEC=" + mark)
-            else:
-                with contextlib.suppress(Exception):
-                    pid = api.exec_inspect(exec_id).get("Pid")
-                    if pid:
-                        os.kill(int(pid), signal.SIGKILL)
-            reader.join(timeout=5)
-        code = -1
-        with contextlib.suppress(Exception):
-            info = api.exec_inspect(exec_id)
-            code = info.get("ExitCode") if info.get("ExitCode") is not None else -1
-        if timed_out:
-            code = TIMEOUT_EXIT_CODE
-        return ExecResult(exit_code=code, stdout=streams.text(0), stderr=streams.text(1), timed_out=timed_out,
-                          truncated=streams.truncated)
+        return exec_in_container(self.client, container, argv, timeout_s, env, workdir, marker_kill=marker_kill)
 
     def _kill_marked(self, container: Any, marker: str) -> None:
-        with contextlib.suppress(Exception):
-            container.exec_run(["/bin/sh", "-c", _KILL_MARKED, "saasbench-kill", marker])
+        kill_marked(container, marker)
 
     def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
         host = self._host_path(cwd or ".", "cwd")

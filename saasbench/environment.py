@@ -23,6 +23,7 @@ Contract (limits are part of it):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -311,6 +312,44 @@ class _CappedReader(threading.Thread):
         return b"".join(self.chunks).decode("utf-8", errors="replace")
 
 
+def run_group(argv: list[str], timeout_s: float, *, cwd: str | Path, env: Mapping[str, str],
+              running: dict[int, subprocess.Popen] | None = None, lock: threading.Lock | None = None) -> ExecResult:
+    """Run ``argv`` in its own process group with the :meth:`Environment.exec` contract: each
+    stream capped at :data:`MAX_OUTPUT_BYTES`, exit 124 and the whole group killed on timeout,
+    whatever the command left in the background killed when it returns. ``running`` (guarded by
+    ``lock``) holds the process while it runs, so an owner's ``stop()`` can kill it."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    guard = lock if lock is not None else contextlib.nullcontext()
+    if running is not None:
+        with guard:
+            running[proc.pid] = proc
+    out, err = _CappedReader(proc.stdout, MAX_OUTPUT_BYTES), _CappedReader(proc.stderr, MAX_OUTPUT_BYTES)
+    out.start()
+    err.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=max(0.01, timeout_s))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    # the group may outlive the leader (a backgrounded child): it is the command's, so it goes too
+    if timed_out or group_members(proc.pid):
+        _kill_group(proc.pid, grace_s=0.0 if timed_out else 0.2, leader=proc)
+    for reader in (out, err):
+        reader.join(timeout=5)
+    for stream in (proc.stdout, proc.stderr):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    if running is not None:
+        with guard:
+            running.pop(proc.pid, None)
+    code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
+    return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
+                      truncated=out.truncated or err.truncated)
+
+
 def _tail(path: Path, lines: int) -> str:
     try:
         with open(path, "rb") as fh:
@@ -524,33 +563,8 @@ class LocalEnvironment(HostFolderFiles, Environment):
     # --- commands and files ------------------------------------------------------------------------
     def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
         workdir = self._host_path(cwd or ".", "cwd")
-        proc = subprocess.Popen(["bash", "-c", cmd], cwd=workdir, env=self._env(env), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        with self._lock:
-            self._running_execs[proc.pid] = proc
-        out, err = _CappedReader(proc.stdout, MAX_OUTPUT_BYTES), _CappedReader(proc.stderr, MAX_OUTPUT_BYTES)
-        out.start()
-        err.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=max(0.01, timeout_s))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        # the group may outlive the leader (a backgrounded child): it is the command's, so it goes too
-        if timed_out or group_members(proc.pid):
-            _kill_group(proc.pid, grace_s=0.0 if timed_out else 0.2, leader=proc)
-        for reader in (out, err):
-            reader.join(timeout=5)
-        for stream in (proc.stdout, proc.stderr):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        with self._lock:
-            self._running_execs.pop(proc.pid, None)
-        code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
-        return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-                          truncated=out.truncated or err.truncated)
+        return run_group(["bash", "-c", cmd], timeout_s, cwd=workdir, env=self._env(env), running=self._running_execs,
+                         lock=self._lock)
 
     # --- services ---------------------------------------------------------------------------------
     def start_service(self, name: str, command: str, env: Mapping[str, str] | None = None, port: int | None = None,

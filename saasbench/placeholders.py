@@ -136,6 +136,18 @@ class Resolver:
         return SHELL.sub(lambda m: to_text(self._shell(m.group(1), m.group(2))), text)
 
 
+    def resolve_command(self, text: str) -> str:
+        """A shell command: ``{{...}}`` values spliced shell-quoted, ``${VAR}`` left to the shell.
+
+        The reference harness hands ``${TARGET_APP_CLI:-app}`` to bash, so the command's own
+        environment (the exec target's variables, ``meta.env_defaults``) decides it; quoting
+        keeps a value captured from the untrusted app from becoming shell syntax.
+        """
+        import shlex
+
+        return MUSTACHE.sub(lambda m: shlex.quote(to_text(self._value(m.group(1)))), text)
+
+
 def placeholders_in(value: Any) -> list[str]:
     """Every placeholder expression in a value (for planning and DAG checks)."""
     out: list[str] = []

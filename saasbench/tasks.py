@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from saasbench.auth import AuthProfile
 
@@ -94,6 +94,11 @@ class TaskSpec(_Open):
     reference: ReferenceSpec | None = None
     environment: dict[str, Any] = Field(
         default_factory=dict, description="Backend settings; ``env`` (a mapping) is passed to every service and command")
+    exec_env: dict[str, str] = Field(
+        default_factory=dict, description="Variables every P12/P21 command gets in a trial (literal values; win over exec_env_file)")
+    exec_env_file: str | None = Field(
+        default=None, description="K=V / export K=V file (relative to the task folder, confined to it) for P12/P21 commands; "
+        "$VAR expands against earlier lines and the environment's variables; parsed, never run")
     prd: str = Field(default=PRD_FILE, description="PRD file, relative to the task folder")
     knowledge_base: str = Field(default=KB_FILE, description="Knowledge base file, relative to the task folder")
     dag: str = Field(default=DAG_FILE, description="Validation DAG file, relative to the task folder")
@@ -103,6 +108,20 @@ class TaskSpec(_Open):
         "after the harness prepared the workspace and again after the rollout; any change (modified, deleted, created) "
         "voids the trial (voided_cheat). Unset: the staged PRD and KB copies are hashed and a change is only reported "
         "(severity warn), since no evaluator reads them")
+
+    @field_validator("exec_env", mode="before")
+    @classmethod
+    def _exec_env(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, val in value.items():
+            if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a variable name")
+            if isinstance(val, bool):
+                val = "true" if val else "false"
+            out[key] = str(val) if isinstance(val, (int, float)) else val
+        return out
 
 
 class KBEntry(_Open):
@@ -158,6 +177,19 @@ class Task:
     def environment_dir(self) -> Path:
         return self.root / "environment"
 
+    @property
+    def exec_env_path(self) -> Path | None:
+        """``exec_env_file`` resolved inside the task folder (TaskError when it leaves it or is missing)."""
+        if not self.spec.exec_env_file:
+            return None
+        root = self.root.resolve()
+        path = (root / self.spec.exec_env_file).resolve()
+        if root not in path.parents:
+            raise TaskError(f"{root / TASK_FILE}: exec_env_file {self.spec.exec_env_file!r} is outside the task folder")
+        if not path.is_file():
+            raise TaskError(f"{root / TASK_FILE}: exec_env_file {self.spec.exec_env_file!r} does not exist")
+        return path
+
     def load_kb(self) -> list[KBEntry]:
         """The KB entries: a list, or an object with ``clarifications``/``entries``/``items``."""
         if not self.kb_path.is_file():
@@ -207,7 +239,9 @@ def load_task_dir(folder: str | Path) -> Task:
         spec = TaskSpec.model_validate(raw)
     except ValidationError as exc:
         raise TaskError(f"{path}: {_errors(exc)}") from None
-    return Task(root=folder.resolve(), spec=spec)
+    task = Task(root=folder.resolve(), spec=spec)
+    _ = task.exec_env_path  # a missing or escaping exec_env_file is a load error, not a trial failure
+    return task
 
 
 def find_tasks(root: str | Path | None = None, *, errors: list[str] | None = None) -> list[Task]:

@@ -247,6 +247,7 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
     from saasbench.context import RunContext, RunOptions, Target
     from saasbench.engine import Engine
     from saasbench.environment import start_app
+    from saasbench.exec_target import task_exec_env
 
     say = say or (lambda m: None)
     app = start_app(task, env, command=agent.app_start_command(task))
@@ -254,7 +255,7 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
         say(f"{agent.name}: app not healthy: {app.error}")
     ctx = RunContext(
         Target(base_url=env.base_url, workspace=Path(env.workspace_dir), db_dsn=env.db_dsn, environment=env,
-               task_id=task.id),
+               task_id=task.id, exec_env=task_exec_env(task, env)),
         options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s, judge_enabled=judge is not None),
         auth_profile=task.spec.auth,
         env_defaults=dag.env_defaults,
@@ -337,6 +338,12 @@ def follow_up_commands(task, agent, workspace: Path, out: Path) -> dict[str, Any
         argv += ["--auth", str(task.root / "task.yaml")]
     if dsn:
         argv += ["--db-dsn", dsn]
+    # P12/P21 steps run their commands in the workspace with the app's variables, as in a trial
+    argv += ["--exec", f"local:{workspace}"]
+    if task.exec_env_path is not None:
+        argv += ["--exec-env-file", str(task.exec_env_path)]
+    for key, value in (env | dict(spec.exec_env)).items():
+        argv += ["--exec-env", f"{key}={value}"]
     start = ("cd " + shlex.quote(str(workspace)) + " && " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
              + " " + command) if command else ""
     return {"start_cwd": str(workspace), "start_env": env, "start_command": command, "start_shell": start,
