@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench.context import RunContext
-from saasbench.dag import PLACEHOLDER_RE, note
+from saasbench.dag import PLACEHOLDER_RE, note, warn
 from saasbench.jsonpath import ABSENT, PathError, parse
 from saasbench.jsonpath import evaluate as path_value
 from saasbench.placeholders import MISSING, UnresolvedPlaceholder
@@ -67,7 +67,18 @@ TYPE_NAMES: dict[str, str] = {
 }
 _ASSERTION_KEYS = {"path", "op", "operator", "match_type", "assertion", "expected", "exists", "type", "expected_type",
                    "expected_in", "contains", "tolerance", "save_as", "capture_as", "description", "pattern",
-                   "claims", "algorithm"}
+                   "claims", "algorithm", "comment", "note", "name", "label"}
+# Pseudo-paths that mean "the raw body (text) of the last response": the path names the operator.
+# {"path": "body_contains", "expected": "x"} -> {"path": "$._body", "op": "contains", "expected": "x"}
+BODY_PATHS: dict[str, str] = {
+    "body_contains": "contains", "response_contains": "contains", "text_contains": "contains",
+    "body_not_contains": "not_contains", "response_not_contains": "not_contains",
+    "body_matches": "matches_regex", "body_regex": "matches_regex",
+    "body_contains_text": "contains_text", "body_icontains": "contains_text",
+}
+# Top-level keys of a P07 step that make it a single assertion (the step has no 'assertions' list).
+SINGLE_KEYS = ("assertion", "path", "expected", "op", "operator", "match_type", "pattern", "regex", "contains",
+               "expected_in", "exists", "expected_type") + tuple(BODY_PATHS)
 
 
 def _has_placeholder(value: Any) -> bool:
@@ -157,6 +168,16 @@ class Assertion(BaseModel):
 def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     """Turn any dialect seen in real DAGs into the canonical keys, noting every legacy form."""
     a = dict(raw)
+    body_op = BODY_PATHS.get(str(a.get("path", "")).strip().lower()) if isinstance(a.get("path"), str) else None
+    if body_op is not None:
+        legacy_path = a["path"]
+        a["path"] = "$._body"
+        if not any(k in a for k in ("op", "operator", "match_type", "assertion")):
+            a["op"] = body_op
+        note(f"pseudo-path {legacy_path!r} -> path '$._body' (the raw response text), op {a.get('op', body_op)}")
+    if "regex" in a and "pattern" not in a and not isinstance(a.get("regex"), bool):
+        a["pattern"] = a.pop("regex")
+        note("assertion 'regex' -> pattern (op matches_regex)")
     op_keys = [k for k in ("op", "operator", "match_type", "assertion") if k in a]
     op_raw: Any = None
     if op_keys:
@@ -233,12 +254,14 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"operator {op!r} needs a list of values")
     for key in a:
         if key not in _ASSERTION_KEYS:
-            note(f"assertion key {key!r} not understood (ignored)")
+            warn(f"assertion key {key!r} not understood (ignored; a DAG defect)")
     return a
 
 
 class P07Inputs(PrimitiveInputs):
-    assertions: list[Assertion] = Field(description="All must pass (the single-assertion forms are normalised into this list)")
+    assertions: list[Assertion] = Field(default_factory=list, description="All must pass (the single-assertion forms are "
+                                        "normalised into this list). Empty: the step checks nothing and passes (a DAG "
+                                        "defect, reported as a loader warning)")
     response: Any = Field(default=None, description="Assert on this value instead of the last document: a captured name, a placeholder or inline JSON")
     source: Any = Field(default=None, description="Same as response (family-B name)")
 
@@ -248,15 +271,30 @@ class P07Inputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        if "assertions" not in data and any(k in data for k in ("assertion", "path", "expected", "op", "operator", "match_type")):
-            single = {k: data.pop(k) for k in list(data) if k in _ASSERTION_KEYS}
-            data["assertions"] = [single]
-            note("single-assertion form (top-level assertion/path/expected) -> assertions: [...]")
+        if data.get("assertions") in (None, []):  # absent or empty: a checkable top-level field becomes the assertion
+            bodies = {k: data.pop(k) for k in list(data) if k in BODY_PATHS}
+            extra: list[dict[str, Any]] = []
+            for key, wanted in bodies.items():  # {"body_contains": "x"} or {"body_contains": ["x", "y"]}
+                for item in wanted if isinstance(wanted, list) else [wanted]:
+                    extra.append({"path": key, "expected": item})
+                note(f"top-level {key!r} -> assertions on the raw response text")
+            if any(k in data for k in SINGLE_KEYS):
+                single = {k: data.pop(k) for k in list(data) if k in _ASSERTION_KEYS or k == "regex"}
+                if "path" not in single and ("pattern" in single or "regex" in single):
+                    single["path"] = "$._body"  # a bare pattern is matched against the response text
+                    note("top-level pattern without a path -> matched against the raw response text ($._body)")
+                extra.insert(0, single)
+                note("single-assertion form (top-level assertion/path/expected/pattern/...) -> assertions: [...]")
+            if extra:
+                if "assertions" in data:
+                    note("empty 'assertions' with a checkable top-level field: that field is the assertion")
+                data["assertions"] = extra
         if isinstance(data.get("assertions"), dict):
             data["assertions"] = [data["assertions"]]
             note("assertions given as one object -> list")
-        if isinstance(data.get("assertions"), list) and not data["assertions"]:
-            raise ValueError("assertions is empty: nothing would be checked")
+        if not data.get("assertions"):
+            warn("no assertions: this step checks nothing and passes (a DAG defect)", "assertions")
+            data["assertions"] = []
         for key in ("response", "source"):
             if isinstance(data.get(key), str) and _FROM_MAGIC.match(data[key]):
                 data[key] = None
@@ -555,6 +593,9 @@ def _claim_ok(actual: Any, rule: Any, now: float) -> tuple[bool, str]:
 @primitive("P07", P07Inputs, raw_fields={"response", "source"})
 def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
     """Every assertion holds on the last document (or the named one)."""
+    if not inputs.assertions:
+        return StepResult(passed=True, message="no assertions: nothing checked (a DAG defect reported by 'dag check')",
+                          evidence={"assertions": [], "nothing_checked": True})
     ref = inputs.response if inputs.response is not None else inputs.source
     doc = load_document(ctx, ref)
     if isinstance(doc, str):

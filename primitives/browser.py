@@ -2,7 +2,9 @@
 
 All four drive the run's one headless Chromium (:mod:`saasbench.browser`): each step opens a
 fresh browser context carrying the active identity (cookies of its jar for the app's host, its
-auth headers), so pages behind a login render as that user. Hosts other than the app's are
+auth headers), so pages behind a login render as that user; when the auth profile names a
+``browser_scheme`` (e.g. a cookie session while the API uses a bearer token), the active role is
+logged in with that scheme for the browser instead. Hosts other than the app's are
 blocked, downloads refused, dialogs dismissed, every wait bounded by the step's ``timeout_ms``
 and the node deadline (``ctx.timeout``).
 
@@ -42,6 +44,7 @@ from pydantic import (
     model_validator,
 )
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
+from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps
 
 from saasbench.auth import LoginFailed
 from saasbench.browser import (
@@ -67,14 +70,15 @@ from saasbench.browser import (
     url_slug,
 )
 from saasbench.context import RunContext
-from saasbench.dag import note
-from saasbench.http import ANONYMOUS, Identity
+from saasbench.dag import note, warn
+from saasbench.http import Identity
 from saasbench.results import StepResult
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
 _WAIT_ALIASES = {"networkidle0": "networkidle", "networkidle2": "networkidle", "network_idle": "networkidle",
                  "domcontentload": "domcontentloaded", "dom": "domcontentloaded", "domready": "domcontentloaded"}
 CONTEXT_CLOSE_S = 5.0
+DEFAULT_ACTION_TIMEOUT_MS = 10000.0
 RUN_MARGIN_S = CONTEXT_CLOSE_S + 1.0
 
 
@@ -109,9 +113,11 @@ class PageInputs(PrimitiveInputs):
     max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=1000, description="Cap on the sanitised DOM kept")
     strip_classes: bool = Field(default=False, description="Drop class and style attributes from the kept DOM")
     as_role: str | None = Field(default=None, description="Render as this role (logged in through the auth profile; "
-                                "the active identity is unchanged). Default: the active identity")
+                                "the active identity is unchanged). Default: the active identity (its role logged in "
+                                "with the profile's browser_scheme when the profile names one)")
     login_method: str | None = Field(default=None, description="With as_role: the auth profile scheme to log in with "
-                                     "(e.g. 'form' for a cookie session); default: the profile's default")
+                                     "(e.g. 'form' for a cookie session); default: the profile's browser_scheme, "
+                                     "else its default")
     anonymous: bool = Field(default=False, description="Render with no identity (no cookies, no auth headers)")
 
     @model_validator(mode="before")
@@ -150,19 +156,16 @@ def _identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity | None, str
     """The identity whose cookies/headers the browser carries, or why there is none."""
     if inputs.anonymous:
         return None, None
-    if inputs.as_role:
-        previous = ctx.auth.active
-        try:
-            identity = ctx.auth.login(ctx, inputs.as_role, method=inputs.login_method)
-        except LoginFailed as exc:
-            return None, f"cannot render as {inputs.as_role!r}: {exc}"
-        except (httpx.HTTPError, RuntimeError) as exc:
-            return None, f"cannot render as {inputs.as_role!r}: login request failed: {type(exc).__name__}: {exc}"
-        finally:
-            ctx.auth.active = previous
-        return identity, None
-    active = ctx.auth.active
-    return (None if active is None or active.role == ANONYMOUS else active), None
+    # as_role, or the active role; logged in with the profile's browser_scheme when it names one
+    # (AuthManager.browser_identity); the active identity is left as it was
+    role = inputs.as_role or None
+    who = repr(role) if role else f"active role {ctx.auth.active.role!r}"
+    try:
+        return ctx.auth.browser_identity(ctx, role, method=inputs.login_method if role else None), None
+    except LoginFailed as exc:
+        return None, f"cannot render as {who}: {exc}"
+    except (httpx.HTTPError, RuntimeError) as exc:
+        return None, f"cannot render as {who}: login request failed: {type(exc).__name__}: {exc}"
 
 
 def _urls(ctx: RunContext, raw: list[str]) -> tuple[list[str], str | None]:
@@ -324,6 +327,9 @@ class ScreenshotInputs(PageInputs):
     url: str = Field(description="Page to screenshot: absolute, or relative to the base URL")
     name: str = Field(default="shot", description="Evidence file name stem")
     full_page: bool = Field(default=True, description=f"Whole page (clipped at {10_000} px), else the viewport")
+    actions: list[BrowserStep] = Field(default_factory=list, description="Browser steps (as P18 steps) run after the "
+                                       "page loads, before the screenshot; best effort: a failed action is recorded in "
+                                       "the evidence and the screenshot is still taken")
 
     @model_validator(mode="before")
     @classmethod
@@ -332,6 +338,9 @@ class ScreenshotInputs(PageInputs):
             data = dict(data)
             rename_aliases(data, "url", ("path", "page"))
             rename_aliases(data, "full_page", ("fullPage",))
+            rename_aliases(data, "actions", ("steps", "interactions", "before_screenshot"))
+            if "actions" in data:
+                data["actions"] = normalise_steps(data["actions"], "actions")
         return data
 
 
@@ -345,7 +354,9 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
     identity, problem = _identity(ctx, inputs)
     if problem:
         return StepResult(passed=False, message=problem)
-    budget = _budget(ctx, inputs)
+    pauses_ms = sum(step.wait_ms or 0 for step in inputs.actions)
+    budget = ctx.timeout((inputs.timeout_ms + pauses_ms) / 1000)
+    done_actions: list[dict[str, Any]] = []
 
     async def work(page: Any, guard: Guard) -> tuple[Rendered, bytes | None, list[str], str | None]:
         deadline = Deadline(budget)
@@ -354,6 +365,18 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
                                    capture_limit=raw_limit(inputs.max_chars))
         if rendered.unreachable or rendered.status is None and rendered.error:
             return rendered, None, [], None
+        if inputs.actions and not rendered.error:
+            extra_shots: list[tuple[str, bytes]] = []
+            for index, step in enumerate(inputs.actions):
+                problem = await _run_step(page, step, ctx, inputs, deadline, guard, extra_shots)
+                done_actions.append({"index": index, "action": step.action, "passed": problem is None,
+                                     **({"message": problem} if problem else {}),
+                                     **({"skipped": step.skipped_action} if step.action == "noop" else {})})
+            try:  # the page after the actions is what the screenshot shows: keep its DOM too
+                html, full = await read_dom(page, raw_limit(inputs.max_chars), max(0.5, min(5.0, deadline.left())))
+                rendered.raw_html, rendered.raw_chars, rendered.raw_truncated = html, full, full > len(html)
+            except Exception:
+                pass
         try:
             png, notes = await screenshot_png(page, full_page=inputs.full_page, deadline=deadline)
             return rendered, png, notes, None
@@ -369,6 +392,8 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
     ctx.capture("rendered_dom_url", url)
     ctx.capture("rendered_dom_length", len(dom))
     evidence: dict[str, Any] = {**rendered.evidence(), "chars": len(dom), "truncated": cut, **guard_summary}
+    if done_actions:
+        evidence["actions"] = done_actions
     if notes:
         evidence["screenshot_notes"] = notes
     if png is not None:
@@ -385,7 +410,9 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
     if len(png) < MIN_PNG_BYTES:
         return StepResult(passed=False, value=value, evidence=evidence,
                           message=f"screenshot of {url} is only {len(png)} bytes (needs {MIN_PNG_BYTES})")
-    return StepResult(passed=True, value=value, evidence=evidence, message=f"screenshot of {url}: {len(png)} bytes")
+    failed = [a for a in done_actions if not a["passed"]]
+    tail = f"; {len(failed)}/{len(done_actions)} action(s) failed (best effort), first: {failed[0]['message']}" if failed else ""
+    return StepResult(passed=True, value=value, evidence=evidence, message=f"screenshot of {url}: {len(png)} bytes{tail}")
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -395,74 +422,7 @@ def _as_list(value: Any) -> list[Any]:
 
 
 # --- P18 browser_interaction -------------------------------------------------------------------------
-Action = Literal["goto", "click", "fill", "type", "wait", "press", "select", "check", "uncheck", "hover", "screenshot"]
-_ACTION_ALIASES = {
-    "navigate": "goto", "visit": "goto", "open": "goto", "go": "goto",
-    "input": "fill", "set": "fill", "enter": "fill",
-    "wait_for": "wait", "wait_for_selector": "wait", "waitforselector": "wait", "check_element": "wait",
-    "sleep": "wait", "pause": "wait",
-    "keypress": "press", "key": "press",
-    "select_option": "select", "choose": "select",
-    "tap": "click", "dblclick": "click",
-    "capture": "screenshot",
-}
-_NEEDS_SELECTOR = frozenset({"click", "fill", "type", "select", "check", "uncheck", "hover"})
-
-
-class BrowserStep(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    action: Action
-    selector: str | None = None
-    selector_any_of: list[str] | None = Field(default=None, description="The first of these selectors that appears")
-    value: Any = None
-    url: str | None = None
-    wait_ms: float | None = Field(default=None, ge=0, description="wait: pause (no selector) or selector timeout; "
-                                  "other actions: pause after the action")
-    timeout_ms: float | None = Field(default=None, gt=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        rename_aliases(data, "action", ("type", "op"))
-        action = data.get("action")
-        if isinstance(action, str):
-            key = action.strip().lower()
-            if key in _ACTION_ALIASES:
-                data["action"] = _ACTION_ALIASES[key]
-                note(f"browser action {action!r} -> {data['action']!r}")
-            else:
-                data["action"] = key
-        rename_aliases(data, "value", ("text", "key", "option"))
-        rename_aliases(data, "selector_any_of", ("selectors",))
-        if isinstance(data.get("selector"), list):
-            data["selector_any_of"] = data.pop("selector")
-        if data.get("action") == "goto" and not data.get("url") and isinstance(data.get("value"), str):
-            data["url"] = data.pop("value")
-        return data
-
-    @model_validator(mode="after")
-    def _complete(self) -> BrowserStep:
-        if self.action in _NEEDS_SELECTOR and not (self.selector or self.selector_any_of):
-            raise ValueError(f"action {self.action!r} needs a selector")
-        if self.action == "goto" and not self.url:
-            raise ValueError("action 'goto' needs a url")
-        if self.action == "press" and self.value in (None, ""):
-            raise ValueError("action 'press' needs a key in 'value'")
-        if self.action in ("fill", "type", "select") and self.value is None:
-            raise ValueError(f"action {self.action!r} needs a 'value'")
-        return self
-
-    def selectors(self) -> list[str]:
-        return [self.selector] if self.selector else list(self.selector_any_of or [])
-
-    def text(self) -> str:
-        if isinstance(self.value, bool):
-            return "true" if self.value else "false"
-        return "" if self.value is None else str(self.value)
+# Canonical steps and their dialects (navigate, timeout, mouse_move, ...): primitives/browser_steps.py
 
 
 def _str_list(value: Any) -> Any:
@@ -530,22 +490,27 @@ class P18Inputs(PageInputs):
                 stem = re.sub(r"\.(png|jpe?g)$", "", path.strip().replace("\\", "/").rsplit("/", 1)[-1], flags=re.IGNORECASE)
                 data.setdefault("name", stem or "interaction")
             note("'screenshot_path' -> 'screenshot: true' (written to the run's evidence directory)")
+        if "steps" in data:
+            data["steps"] = normalise_steps(data["steps"], "steps")
         return data
 
     @model_validator(mode="after")
     def _something(self) -> P18Inputs:
         if not self.url and not (self.steps and self.steps[0].action == "goto"):
-            raise ValueError("give 'url' or start the steps with a 'goto'")
+            # The public DAGs use P18 without a page to open (e.g. a lone screenshot step): the page
+            # is then the app's root, {{base_url}}/ (a fresh browser context has no "current page").
+            self.url = "/"
+            note("no 'url' and the steps do not start with a 'goto': the app's root ({{base_url}}/) is opened first")
         return self
 
 
-async def _locate(page: Any, selectors: list[str], timeout_ms: float) -> Any:
+async def _locate(page: Any, selectors: list[str], timeout_ms: float, state: str = "attached") -> Any:
     """A locator for the first of ``selectors`` that appears (waits up to ``timeout_ms``)."""
     locator = page.locator(selectors[0])
     for other in selectors[1:]:
         locator = locator.or_(page.locator(other))
     locator = locator.first
-    await locator.wait_for(state="attached", timeout=timeout_ms)
+    await locator.wait_for(state=state, timeout=timeout_ms)
     return locator
 
 
@@ -557,26 +522,67 @@ async def _settle_after(page: Any, deadline: Deadline) -> None:
         pass
 
 
-async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: P18Inputs, deadline: Deadline,
-                    guard: Guard, shots: list[bytes]) -> str | None:
-    """Perform one step; returns why it failed, or None."""
-    timeout = min(step.timeout_ms or inputs.action_timeout_ms, deadline.ms())
+async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageInputs, deadline: Deadline,
+                    guard: Guard, shots: list[tuple[str, bytes]]) -> str | None:
+    """Perform one step (of P18 ``steps`` or SCREENSHOT ``actions``); returns why it failed, or None."""
+    timeout = min(step.timeout_ms or getattr(inputs, "action_timeout_ms", DEFAULT_ACTION_TIMEOUT_MS), deadline.ms())
     act = step.action
     try:
-        if act == "goto":
+        if act == "noop":
+            pass  # an action the DAG names but this build does not run (the loader warned); kept in the evidence
+        elif act == "goto":
             url = absolute_url(ctx, step.url or "")
             problem = check_url(ctx, url)
             if problem:
                 return problem
-            rendered = await load_page(page, url, deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
+            page_s = (step.timeout_ms or inputs.timeout_ms) / 1000
+            rendered = await load_page(page, url, deadline=Deadline(min(deadline.left(), page_s)),
                                        wait_until=inputs.wait_until, settle_ms=0, guard=guard)
             if rendered.error:
                 return rendered.error
         elif act == "wait":
             if step.selectors():
-                await _locate(page, step.selectors(), min(step.wait_ms or timeout, deadline.ms()))
+                await _locate(page, step.selectors(), min(step.wait_ms or timeout, deadline.ms()), step.state or "attached")
+            elif step.wait_ms:
+                await asyncio.sleep(min(step.wait_ms / 1000, deadline.left()))
             else:
-                await asyncio.sleep(min((step.wait_ms or 0) / 1000, deadline.left()))
+                await _settle_after(page, deadline)  # a bare 'wait' (wait_for_load_state, ...): let the page load
+        elif act == "reload":
+            await page.reload(wait_until="load", timeout=min(inputs.timeout_ms, deadline.ms()))
+        elif act == "back":
+            await page.go_back(wait_until="load", timeout=min(inputs.timeout_ms, deadline.ms()))
+        elif act == "mouse_move":
+            size = page.viewport_size or inputs.viewport.model_dump()
+            x = step.x if step.x is not None else size["width"] / 2
+            y = step.y if step.y is not None else size["height"] / 2
+            await page.mouse.move(x, y, steps=5)
+        elif act == "scroll":
+            if step.selectors():
+                await (await _locate(page, step.selectors(), timeout)).scroll_into_view_if_needed(timeout=timeout)
+            elif str(step.value or "").strip().lower() in ("bottom", "end"):
+                await page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+            elif str(step.value or "").strip().lower() in ("top", "start", "home"):
+                await page.evaluate("window.scrollTo(0, 0)")
+            else:
+                up = str(step.value or "").strip().lower() == "up"
+                await page.mouse.wheel(0, -abs(step.y or 600) if up else (step.y if step.y is not None else 600))
+        elif act == "expect_text":
+            wanted = step.text()
+            sub = Deadline(min(timeout / 1000, deadline.left()))
+            seen = ""
+            while True:
+                if step.selectors():
+                    try:
+                        seen = await (await _locate(page, step.selectors(), max(1, sub.ms()))).inner_text(timeout=max(1, sub.ms()))
+                    except Exception:
+                        seen = ""
+                else:
+                    seen = await _page_text(page, sub)
+                if wanted in seen or sub.expired():
+                    break
+                await asyncio.sleep(0.2)
+            if wanted not in seen:
+                return f"text {wanted!r} not found within {timeout / 1000:.1f}s (saw {seen[:120]!r})"
         elif act == "press":
             if step.selectors():
                 await (await _locate(page, step.selectors(), timeout)).press(step.text(), timeout=timeout)
@@ -585,7 +591,7 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: P18In
             await _settle_after(page, deadline)
         elif act == "screenshot":
             png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
-            shots.append(png)
+            shots.append((step.name or getattr(inputs, "name", "shot"), png))
         else:
             locator = await _locate(page, step.selectors(), timeout)
             if act == "click":
@@ -654,7 +660,7 @@ async def _check_expectations(page: Any, expect: Expectations, inputs: P18Inputs
 
 @primitive("P18", P18Inputs)
 def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
-    """Open a page, perform goto/click/fill/type/wait/press/select steps, check expectations."""
+    """Open a page, run its steps (goto/click/fill/type/wait/press/select/mouse_move/scroll/expect_text...), check expectations."""
     identity, problem = _identity(ctx, inputs)
     if problem:
         return StepResult(passed=False, message=problem)
@@ -664,7 +670,8 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
         if problem:
             return StepResult(passed=False, message=problem)
         first = urls[0]
-    budget = ctx.timeout((inputs.timeout_ms + inputs.action_timeout_ms * (len(inputs.steps) + 1)) / 1000)
+    pauses_ms = sum(step.wait_ms or 0 for step in inputs.steps)
+    budget = ctx.timeout((inputs.timeout_ms + pauses_ms + inputs.action_timeout_ms * (len(inputs.steps) + 1)) / 1000)
 
     async def work(page: Any, guard: Guard) -> dict[str, Any]:
         deadline = Deadline(budget)
@@ -680,7 +687,9 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
             for index, step in enumerate(inputs.steps):
                 problem = await _run_step(page, step, ctx, inputs, deadline, guard, out["shots"])
                 out["steps"].append({"index": index, "action": step.action, "passed": problem is None,
-                                     **({"message": problem} if problem else {})})
+                                     **({"message": problem} if problem else {}),
+                                     **({"skipped": step.skipped_action, "message": "not run (no-op step)"}
+                                        if step.action == "noop" else {})})
                 if problem:
                     out["failure"] = f"step {index} ({step.action}) failed: {problem}"
                     break
@@ -693,7 +702,7 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
         if inputs.screenshot and not deadline.expired():
             try:
                 png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
-                out["shots"].append(png)
+                out["shots"].append((inputs.name, png))
             except Exception:
                 pass
         out["final_url"] = str(page.url)
@@ -719,8 +728,8 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
         ctx.capture("rendered_dom_url", out["final_url"])
         ctx.capture("rendered_dom_length", len(dom))
         evidence["dom"] = {"chars": len(dom), "truncated": cut, **(save_evidence(ctx, f"{inputs.name}-dom", dom, "html") if dom else {})}
-    for png in out["shots"]:
-        pointer = save_evidence(ctx, inputs.name, png, "png")
+    for stem, png in out["shots"]:
+        pointer = save_evidence(ctx, stem, png, "png")
         evidence.setdefault("screenshots", []).append(pointer)
         ctx.capture("last_screenshot_path", pointer["path"])
         ctx.capture("screenshots", [*_as_list(ctx.vars.get("screenshots")), pointer["path"]])
@@ -729,23 +738,106 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
     if out["failure"]:
         return StepResult(passed=False, unreachable=out["unreachable"], message=out["failure"], value=value, evidence=evidence)
     summary = f"{len(inputs.steps)} step(s) done" + (f", {len(out['expect'])} expectation(s) hold" if out["expect"] else "")
+    skipped = [s["skipped"] for s in out["steps"] if s.get("skipped")]
+    if skipped:
+        summary += f"; {len(skipped)} no-op step(s) not run: {', '.join(map(repr, skipped))}"
     return StepResult(passed=True, message=summary, value=value, evidence=evidence)
 
 
 # --- P19 dom_assertion -------------------------------------------------------------------------------
+_DOM_KEYS = frozenset({"selector", "should_exist", "shouldExist", "exists", "text_contains", "textContains", "contains", "text",
+                       "count_min", "min_count", "minCount", "count_max", "max_count", "maxCount", "visible",
+                       "faded_counts_as_hidden", "case_insensitive", "text_any_of", "comment", "description", "name",
+                       "label", "note"})
+_VISIBILITY_CHECKS = frozenset({"visibility", "visible", "is_visible", "visibility_or_opacity", "display", "displayed",
+                                "opacity", "hidden", "is_hidden", "not_visible"})
+_HIDDEN_WORDS = frozenset({"hidden", "not_visible", "invisible", "false", "hidden_or_reduced", "reduced", "faded",
+                           "hidden_or_faded", "not_displayed", "none"})
+_SHOWN_WORDS = frozenset({"visible", "shown", "true", "displayed", "opaque"})
+
+
+def normalise_dom_assertion(raw: Any, where: str | None = None) -> Any:
+    """One P19 assertion in any dialect -> canonical keys (notes and warnings name ``where``)."""
+    if isinstance(raw, str):
+        return {"selector": raw}
+    if not isinstance(raw, dict):
+        return raw
+    data = dict(raw)
+    at = (lambda key: f"{where}.{key}") if where else (lambda key: key)
+    say = (lambda message: note(f"{where}: {message}")) if where else note
+    _alias(data, "case_insensitive", ("caseInsensitive", "ignore_case", "ignoreCase", "icase"), say)
+    _alias(data, "text_any_of", ("i18nFallback", "i18n_fallback", "text_alternatives", "textAnyOf", "text_any"), say)
+    if isinstance(data.get("text_any_of"), str):
+        data["text_any_of"] = [data["text_any_of"]]
+    state = data.pop("state", None)
+    if isinstance(state, str) and state.strip().lower() in _HIDDEN_WORDS | _SHOWN_WORDS:
+        data.setdefault("visible", state.strip().lower() in _SHOWN_WORDS)
+        say(f"DOM assertion 'state: {state}' -> 'visible: {data['visible']}'")
+    elif state is not None:
+        warn(f"DOM assertion state {state!r} not understood (ignored)", at("state"))
+    if "hidden" in data and isinstance(data["hidden"], bool):
+        data.setdefault("visible", not data.pop("hidden"))
+        say("DOM assertion 'hidden: bool' -> 'visible'")
+    if "check" in data:
+        check = str(data.pop("check")).strip().lower()
+        has_expected = "expected" in data
+        expected = data.pop("expected", None)
+        word = str(expected).strip().lower() if expected is not None else ""
+        if check in _VISIBILITY_CHECKS:
+            negate = check in ("hidden", "is_hidden", "not_visible")
+            shown = (expected is not False and word not in _HIDDEN_WORDS) if has_expected else True
+            data["visible"] = shown != negate
+            if not data["visible"] and ("opacity" in check or word in ("hidden_or_reduced", "reduced", "faded", "hidden_or_faded")):
+                data["faded_counts_as_hidden"] = True
+            say(f"DOM assertion 'check: {check}'{f', expected: {expected!r}' if has_expected else ''} -> 'visible: {data['visible']}'"
+                 + (" (reduced opacity counts as hidden)" if data.get("faded_counts_as_hidden") else ""))
+        elif check in ("text", "text_contains", "contains_text", "has_text", "contains") and isinstance(expected, str):
+            data.setdefault("text_contains", expected)
+            say(f"DOM assertion 'check: {check}' -> 'text_contains'")
+        elif check in ("exists", "exist", "present", "attached", "not_exists", "absent"):
+            flag = bool(expected) if has_expected and isinstance(expected, bool) else True
+            data.setdefault("should_exist", flag if check not in ("not_exists", "absent") else not flag)
+            say(f"DOM assertion 'check: {check}' -> 'should_exist: {data['should_exist']}'")
+        elif check in ("count", "count_eq", "count_min", "min_count", "count_gte", "count_max", "max_count", "count_lte") \
+                and isinstance(expected, int) and not isinstance(expected, bool):
+            if check in ("count", "count_eq", "count_min", "min_count", "count_gte"):
+                data.setdefault("count_min", expected)
+            if check in ("count", "count_eq", "count_max", "max_count", "count_lte"):
+                data.setdefault("count_max", expected)
+            say(f"DOM assertion 'check: {check}' -> count bounds")
+        else:
+            warn(f"DOM assertion check {check!r}{f' (expected {expected!r})' if has_expected else ''} not understood: "
+                 "only the selector's existence is checked", at("check"))
+    if data.get("visible") is False and not any(k in data for k in ("should_exist", "shouldExist", "exists")):
+        data["should_exist"] = None  # "hidden" holds when nothing matches, too
+    for key in [k for k in data if k not in _DOM_KEYS]:
+        warn(f"DOM assertion key {key!r} not understood (ignored)", at(key))
+        data.pop(key)
+    return data
+
+
 class DomAssertion(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     selector: str = Field(min_length=1)
-    should_exist: bool = Field(default=True, validation_alias=AliasChoices("should_exist", "shouldExist", "exists"))
+    should_exist: bool | None = Field(default=True, validation_alias=AliasChoices("should_exist", "shouldExist", "exists"),
+                                      description="true: some element matches; false: none does; null: either")
     text_contains: str | None = Field(default=None, validation_alias=AliasChoices("text_contains", "textContains", "contains", "text"))
+    text_any_of: list[str] | None = Field(default=None, description="Some matching element contains one of these texts")
+    case_insensitive: bool = Field(default=False, description="Text comparisons ignore case")
     count_min: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("count_min", "min_count", "minCount"))
     count_max: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("count_max", "max_count", "maxCount"))
+    visible: bool | None = Field(default=None, description="true: some matching element is shown; false: none is "
+                                 "(display, visibility, zero size and the opacity of its ancestors are considered)")
+    faded_counts_as_hidden: bool = Field(default=False, description="With visible: false, an element whose effective "
+                                         "opacity is below 1 counts as hidden (e.g. a toolbar that fades out)")
+    description: str | None = None
+    comment: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, data: Any) -> Any:
-        return {"selector": data} if isinstance(data, str) else data
+        return normalise_dom_assertion(data)
 
 
 class P19Inputs(PageInputs):
@@ -763,7 +855,23 @@ class P19Inputs(PageInputs):
             if "assertions" not in data and "selector" in data:
                 data["assertions"] = [{k: data.pop(k) for k in ("selector", "shouldExist", "should_exist", "text_contains", "count_min") if k in data}]
                 note("top-level 'selector' -> assertions[0]")
+            if isinstance(data.get("assertions"), list):
+                data["assertions"] = [normalise_dom_assertion(a, f"assertions[{i}]") for i, a in enumerate(data["assertions"])]
         return data
+
+
+# Is an element shown? Zero size, display:none or visibility:hidden (on it or an ancestor) hide it;
+# opacity multiplies down the ancestor chain.
+_SHOWN_JS = """el => {
+  let opacity = 1;
+  for (let e = el; e && e.nodeType === 1; e = e.parentElement) {
+    const cs = getComputedStyle(e);
+    if (cs.display === 'none' || cs.visibility === 'hidden' || cs.visibility === 'collapse') return {shown: false, opacity: 0};
+    opacity *= parseFloat(cs.opacity || '1');
+  }
+  const r = el.getBoundingClientRect();
+  return {shown: r.width > 0 && r.height > 0, opacity: opacity};
+}"""
 
 
 async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[str, Any]:
@@ -772,7 +880,7 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
         locator = page.locator(item.selector)
         if item.should_exist and timeout_ms > 0:
             try:
-                await locator.first.wait_for(state="attached", timeout=timeout_ms)
+                await locator.first.wait_for(state="visible" if item.visible else "attached", timeout=timeout_ms)
             except Exception as exc:
                 if "Timeout" not in type(exc).__name__:
                     raise
@@ -784,21 +892,40 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
     problems: list[str] = []
     if item.should_exist and count == 0:
         problems.append("no element matches")
-    if not item.should_exist and count > 0:
+    if item.should_exist is False and count > 0:
         problems.append(f"{count} element(s) match but none should")
+    if item.visible is not None and count > 0:
+        shown = []
+        for index in range(min(count, 50)):
+            try:
+                shown.append(await locator.nth(index).evaluate(_SHOWN_JS, timeout=1000))
+            except Exception:
+                pass
+        full = [s for s in shown if s.get("shown") and s.get("opacity", 1) >= 0.99]
+        some = [s for s in shown if s.get("shown") and s.get("opacity", 1) > 0.01]
+        out["shown"] = len(some)
+        if item.visible and not some:
+            problems.append("no matching element is visible")
+        if item.visible is False and (full if item.faded_counts_as_hidden else some):
+            problems.append(f"{len(full if item.faded_counts_as_hidden else some)} matching element(s) visible"
+                            + (" at full opacity" if item.faded_counts_as_hidden else ""))
+    elif item.visible and count == 0 and not item.should_exist:
+        problems.append("no element matches, so none is visible")
     if item.count_min is not None and count < item.count_min:
         problems.append(f"{count} < count_min {item.count_min}")
     if item.count_max is not None and count > item.count_max:
         problems.append(f"{count} > count_max {item.count_max}")
-    if item.text_contains is not None and count > 0:
+    wanted = ([item.text_contains] if item.text_contains is not None else []) + list(item.text_any_of or [])
+    if wanted and count > 0:
         texts = []
         for index in range(min(count, 50)):
             try:
                 texts.append(await locator.nth(index).text_content(timeout=1000) or "")
             except Exception:
                 pass
-        if not any(item.text_contains in t for t in texts):
-            problems.append(f"no matching element contains {item.text_contains!r}")
+        fold = (lambda t: t.casefold()) if item.case_insensitive else (lambda t: t)
+        if not any(fold(w) in fold(t) for t in texts for w in wanted):
+            problems.append(f"no matching element contains {' or '.join(map(repr, wanted))}")
             out["texts"] = [t.strip()[:100] for t in texts[:3]]
     out["passed"] = not problems
     if problems:

@@ -9,8 +9,9 @@ subset of them. This module understands all of them at once:
 - ``[*]`` / ``.*`` wildcards, which return a list of the matches (nested wildcards flatten;
   elements lacking the rest of the path are left out, as in standard JSONPath);
 - ``.length``: the length of a list, dict or string (a dict that has a ``length`` key keeps it);
-- pseudo-paths ``$._headers.<name>`` (a response header, case-insensitive) and
-  ``$._body_first_line`` (first line of the raw response text);
+- pseudo-paths ``$._headers.<name>`` (a response header, case-insensitive),
+  ``$._body_first_line`` (first line of the raw response text) and ``$._body`` (the raw
+  response text; for a document that is not a response, the string itself or its JSON text);
 - bare names without ``$.`` (``result.count``): a dict lookup, the whole string first;
 - anything richer (filters ``[?(...)]``, slices ``[0:2]``, recursive ``..``) goes to jsonpath-ng
   and returns the list of matches.
@@ -20,6 +21,7 @@ Absence is :data:`ABSENT`, which is distinct from JSON ``null`` (``None``).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -115,12 +117,20 @@ def evaluate(path: str, document: Any, *, headers: Mapping[str, str] | None = No
         return document[path.strip()]  # a flat key such as "a.b" stored literally
     if segments and segments[0] == "_headers" and headers is not None and not _has_key(document, "_headers"):
         return _header(headers, segments[1:])
+    if segments == ["_body"] and not _has_key(document, "_body"):
+        if text is not None:
+            return text
+        return document if isinstance(document, str) else _json_text(document)
     if segments == ["_body_first_line"] and not _has_key(document, "_body_first_line"):
         source = text if text is not None else (document if isinstance(document, str) else None)
         if source is None:
             return ABSENT
         return source.lstrip("\ufeff").splitlines()[0] if source.strip() else ""
     return _walk(document, segments)
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _has_key(document: Any, key: str) -> bool:

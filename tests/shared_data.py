@@ -15,3 +15,7 @@ _CANDIDATES = [
     Path("/work/shared/conformance/saasbench"),
 ]
 CONFORMANCE_DIR = next((p for p in _CANDIDATES if p is not None and p.is_dir()), _CANDIDATES[1])
+# The public task folders beside it (shared/conformance/public-tasks, see its README.md): task_mjobbzsi
+# ships the only public dag_smoke.json saved there.
+PUBLIC_TASKS_DIR = CONFORMANCE_DIR.parent / "public-tasks"
+MJOBBZSI_SMOKE_DAG = PUBLIC_TASKS_DIR / "task_mjobbzsi" / "check" / "task_mjobbzsi_e" / "evaluate" / "dag_smoke.json"

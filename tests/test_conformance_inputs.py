@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from saasbench.dag import _notes, load_dag
+from saasbench.dag import _notes, _warnings, load_dag
 from saasbench.primitives.registry import REGISTRY
 
 from shared_data import CONFORMANCE_DIR as CONFORMANCE  # noqa: E402
@@ -55,15 +55,19 @@ PAIRS = sorted(pair for pair in USAGE if pair[0] in CHECKED_CODES)
 
 
 def _validate(code: str, inputs: dict[str, Any]) -> tuple[Any, list[str]]:
-    """Validate raw inputs as the loader does; returns (model, normalisation notes)."""
+    """Validate raw inputs as the loader does; returns (model, normalisation notes + defect warnings)."""
     spec = REGISTRY.spec(code)
     assert spec is not None
     bucket: list[str] = []
+    defects: list[tuple[str, str | None]] = []
     token = _notes.set(bucket)
+    warn_token = _warnings.set(defects)
     try:
-        return spec.inputs.model_validate(inputs), bucket
+        model = spec.inputs.model_validate(inputs)
+        return model, bucket + [f"warning: {message}" for message, _ in defects]
     finally:
         _notes.reset(token)
+        _warnings.reset(warn_token)
 
 
 @pytest.mark.parametrize("path", DAG_FILES, ids=lambda p: p.parent.name)

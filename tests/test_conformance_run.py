@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from shared_data import CONFORMANCE_DIR
+from shared_data import CONFORMANCE_DIR, MJOBBZSI_SMOKE_DAG
 
 from saasbench.auth import AuthProfile
 from saasbench.context import RunContext, RunOptions, Target
@@ -63,12 +63,44 @@ def test_the_five_dags_are_here():
 
 @pytest.mark.parametrize("dag_path", DAGS, ids=[p.parent.name for p in DAGS])
 def test_no_node_errors_against_a_stub(dag_path, stub, tmp_path):
-    dag = load_dag(dag_path).dag
+    _run_against_stub(load_dag(dag_path).dag, stub, tmp_path)
+
+
+def test_mjobbzsi_smoke_dag_loads_and_runs_against_a_stub(stub, tmp_path):
+    """task_mjobbzsi's dag_smoke.json (Jitsi Meet; P18 browser steps, P21 WebSocket, P19 visibility,
+    P07 body_contains / empty assertions): zero load errors, every DAG defect a warning, no ERROR node."""
+    assert MJOBBZSI_SMOKE_DAG.is_file(), f"missing {MJOBBZSI_SMOKE_DAG} (set SAASBENCH_CONFORMANCE)"
+    result = load_dag(MJOBBZSI_SMOKE_DAG)  # raises DagLoadError listing every error
+    assert len(result.dag.nodes) == 68
+    assert all(w.node and w.field for w in result.warnings if w.field != "meta.total_nodes")
+    defects = {(w.node, w.field) for w in result.warnings}
+    assert ("LOBBY_DISPLAY_NAME_REQUIRED", "steps[1].inputs.assertions") in defects  # P07 with empty assertions
+    assert ("RBAC_MOD_CAN_KICK", "steps[0].inputs.action") in defects  # P14 'kickParticipant' is no HTTP route
+    report = _run_against_stub(result.dag, stub, tmp_path)
+    by_id = {n.id: n for n in report.nodes}
+    # the stub is not Jitsi: these fail, and say why (no ERROR)
+    assert by_id["XMPP_WS_CONNECT"].status == Status.FAILED and "did not open" in by_id["XMPP_WS_CONNECT"].message
+    assert by_id["CONF_WELCOME_PAGE"].status == Status.FAILED
+    # Without a judge the llm-judge nodes are skipped before their evidence steps run; run those steps
+    # too (P18 without a url, SCREENSHOT with actions) as binary nodes without their P17.
+    evidence = load_dag(MJOBBZSI_SMOKE_DAG).dag
+    evidence.nodes = [n.model_copy(update={"steps": [s for s in n.steps if s.type != "P17"],
+                                           "scoring": n.scoring.model_copy(update={"method": "binary"})})
+                      for n in evidence.nodes
+                      if n.method == "llm-judge" and any(s.type in ("P18", "SCREENSHOT") for s in n.steps)]
+    assert sorted(n.id for n in evidence.nodes) == ["UI_CHAT_EXPERIENCE", "UI_CONFERENCE_QUALITY", "UI_PREJOIN_QUALITY"]
+    (tmp_path / "evidence").mkdir()
+    shots = _run_against_stub(evidence, stub, tmp_path / "evidence")
+    assert all(n.status == Status.PASSED for n in shots.nodes), [(n.id, n.message) for n in shots.nodes]
+
+
+def _run_against_stub(dag, stub, tmp_path):
     for node in dag.nodes:
         node.prereqs = []  # execute everything
     db = tmp_path / "app.db"
     sqlite3.connect(db).close()
-    roles = ["admin", "member", "member_restricted", "apikey", "gamma", "user_b", "limited", "user", "viewer"]
+    roles = ["admin", "member", "member_restricted", "apikey", "gamma", "user_b", "limited", "user", "viewer",
+             "moderator", "participant", "visitor"]
     profile = AuthProfile.model_validate({
         "scheme": "bearer", "login": {"path": "/login", "token_path": "token"},
         "users": {r: {"username": r, "email": f"{r}@example.test", "password": "pw", "api_key": "k"} for r in roles},
@@ -83,3 +115,4 @@ def test_no_node_errors_against_a_stub(dag_path, stub, tmp_path):
     assert len(report.nodes) == len(dag.nodes)
     # the judge is not configured, so judge nodes are skipped, never errors
     assert all(n.status in (Status.SKIPPED_LLM, Status.FAILED) for n in report.nodes if n.method == "llm-judge")
+    return report

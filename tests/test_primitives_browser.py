@@ -654,7 +654,8 @@ def test_rendered_dom_reaches_the_judge_step(pages: str, tmp_path: Path) -> None
     assert saved is not None and saved.fn is not None
     REGISTRY.register("P17", fake_judge, FakeJudgeInputs)
     try:
-        ctx = RunContext(Target(base_url=pages), variables={"evidence_dir": str(tmp_path / "ev")})
+        ctx = RunContext(Target(base_url=pages), options=RunOptions(judge_enabled=True),  # the fake judge is "configured"
+                         variables={"evidence_dir": str(tmp_path / "ev")})
         report = Engine(dag, ctx).run()
     finally:
         REGISTRY.register("P17", saved.fn, saved.inputs, raw_fields=saved.raw_fields)

@@ -1,0 +1,306 @@
+"""P21's WebSocket dialect: a scripted exchange with the app over ``ws://``/``wss://``.
+
+The paper's P21 is ``log_content_check`` (primitives/container.py). Some public DAGs use the
+code for a WebSocket probe instead (task_mjobbzsi, Jitsi's XMPP-over-WebSocket endpoint)::
+
+    {"url": "ws://localhost:8026/xmpp-websocket", "subprotocol": "xmpp",
+     "send": "<open .../>", "expect_message": {"timeout_ms": 5000, "match": {"content_contains": "<open"}}}
+    {"url": "...", "subprotocol": "xmpp", "timeout_ms": 15000,
+     "steps": [{"send": "<open .../>", "expect": "<open"}, {"expect": "ANONYMOUS"},
+               {"send": "<iq .../>", "expect_any": ["jid", "<bind", "not-authorized"]}]}
+
+The two forms cannot be confused: a step with a ``url`` is the WebSocket dialect, a step without
+one is the log check (which needs ``pattern``). This module registers P21 again with one input
+model that accepts both and dispatches on ``url``; the log check itself is unchanged.
+
+Semantics (docs/dag-semantics.md, "WebSocket"): the URL may be relative (joined to the base URL,
+``http`` -> ``ws``) and must point at the app's host (as for the browser: any port, every
+loopback name when the app is on loopback); the active identity's auth headers are sent with the
+handshake. Steps run in order: ``send`` sends one text message, then ``expect`` (substring),
+``expect_any`` (any of several substrings) or ``expect_regex`` waits until the text received
+since the previous match contains it, up to the step's ``timeout_ms`` (default: what is left of
+the step's ``timeout_ms``, default 10 s, bounded by the node deadline). The step passes when the
+connection opens and every expectation is met. A refused connection or failed handshake fails
+the step as unreachable. The exchange (``received`` messages, ``text``) becomes the last
+document, so a following P07 can assert on it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from saasbench.browser import allowed_hosts_for, url_allowed
+from saasbench.context import RunContext
+from saasbench.dag import note, warn
+from saasbench.primitives import container
+from saasbench.primitives.browser_steps import _alias
+from saasbench.primitives.registry import primitive, rename_aliases
+from saasbench.results import StepResult
+
+MAX_MESSAGES = 500
+MAX_TEXT = 200_000  # chars of received text kept (and searched)
+EVIDENCE_CHARS = 400  # per message in the evidence transcript
+_STEP_KEYS = frozenset({"send", "expect", "expect_any", "expect_regex", "timeout_ms", "description", "comment", "name"})
+
+
+def _normalise_exchange(raw: Any, where: str | None) -> Any:
+    """One exchange step in any spelling -> {send, expect, expect_any, expect_regex, timeout_ms}."""
+    if not isinstance(raw, dict):
+        return raw
+    data = dict(raw)
+    at = (lambda key: f"{where}.{key}") if where else (lambda key: key)
+    say = (lambda message: note(f"{where}: {message}")) if where else note
+    _alias(data, "send", ("message", "payload", "data", "send_text"), say)
+    _alias(data, "expect", ("expect_contains", "receive", "expected", "contains", "wait_for"), say)
+    _alias(data, "expect_any", ("expect_any_of", "expect_one_of", "any_of"), say)
+    _alias(data, "expect_regex", ("expect_pattern", "regex", "pattern"), say)
+    message = data.pop("expect_message", None)
+    if isinstance(message, dict):
+        say("'expect_message {timeout_ms, match}' -> an expectation step")
+        if "timeout_ms" in message and "timeout_ms" not in data:
+            data["timeout_ms"] = message["timeout_ms"]
+        match = message.get("match", {k: v for k, v in message.items() if k != "timeout_ms"})
+        for key, value in (match.items() if isinstance(match, dict) else []):
+            if key in ("content_contains", "contains", "text", "content"):
+                data.setdefault("expect", value)
+            elif key in ("content_regex", "regex", "matches", "pattern"):
+                data.setdefault("expect_regex", value)
+            elif key in ("content_any", "any_of", "contains_any"):
+                data.setdefault("expect_any", value)
+            else:
+                warn(f"WebSocket match key {key!r} not understood (ignored)", at(f"expect_message.match.{key}"))
+    elif message is not None:
+        data.setdefault("expect", message)
+        say("'expect_message: <text>' -> 'expect'")
+    if isinstance(data.get("expect_any"), str):
+        data["expect_any"] = [data["expect_any"]]
+    if isinstance(data.get("expect"), list):
+        data["expect_any"] = data.pop("expect")
+        say("'expect' given as a list -> 'expect_any'")
+    for key in ("timeout", "wait_ms"):
+        if key in data and "timeout_ms" not in data:
+            data["timeout_ms"] = data.pop(key)
+            say(f"'{key}' -> 'timeout_ms' (milliseconds)")
+    for key in [k for k in data if k not in _STEP_KEYS]:
+        warn(f"WebSocket step key {key!r} not understood (ignored)", at(key))
+        data.pop(key)
+    return data
+
+
+class WsStep(BaseModel):
+    """Send a text message and/or wait for text from the app."""
+
+    model_config = ConfigDict(extra="allow")
+
+    send: str | None = Field(default=None, description="Text message to send")
+    expect: str | None = Field(default=None, description="Wait until the received text contains this")
+    expect_any: list[str] | None = Field(default=None, description="Wait until the received text contains one of these")
+    expect_regex: str | None = Field(default=None, description="Wait until the received text matches this regex")
+    timeout_ms: float | None = Field(default=None, gt=0, description="How long this expectation may wait")
+    description: str | None = None
+    comment: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        return _normalise_exchange(data, None)
+
+    @model_validator(mode="after")
+    def _valid(self) -> WsStep:
+        if self.expect_regex is not None:
+            try:
+                re.compile(self.expect_regex)
+            except re.error as exc:
+                raise ValueError(f"invalid expect_regex {self.expect_regex!r}: {exc}") from exc
+        return self
+
+    def expects(self) -> bool:
+        return bool(self.expect or self.expect_any or self.expect_regex)
+
+
+class P21Inputs(container.P21Inputs):
+    """The log check's inputs, plus the WebSocket dialect (selected by ``url``)."""
+
+    pattern: str | None = Field(default=None, description="Log check: text to find (contains/icontains) or a Python "
+                                "regex (regex). Required unless 'url' is given")
+    url: str | None = Field(default=None, description="WebSocket dialect: ws(s):// URL of the app (relative URLs are "
+                            "joined to the base URL)")
+    subprotocol: list[str] | None = Field(default=None, description="WebSocket subprotocol(s) to request, e.g. 'xmpp'")
+    steps: list[WsStep] = Field(default_factory=list, description="WebSocket dialect: the exchange, in order")
+    timeout_ms: float = Field(default=10000, gt=0, description="WebSocket dialect: budget for the whole exchange "
+                              "(bounded by the node deadline)")
+    headers: dict[str, str] = Field(default_factory=dict, description="WebSocket dialect: extra handshake headers")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ws_dialect(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        rename_aliases(data, "url", ("ws_url", "websocket_url", "endpoint"))
+        if not data.get("url"):
+            return data
+        rename_aliases(data, "subprotocol", ("subprotocols", "protocol", "protocols"))
+        if isinstance(data.get("subprotocol"), str):
+            data["subprotocol"] = [data["subprotocol"]]
+        for key in ("timeout", "timeout_s"):
+            if key in data and "timeout_ms" not in data:
+                value = data.pop(key)
+                data["timeout_ms"] = value * 1000 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+                note(f"'{key}' (seconds) -> 'timeout_ms'")
+        first = {k: data.pop(k) for k in ("send", "expect", "expect_any", "expect_regex", "expect_message", "expect_contains")
+                 if k in data}
+        steps = data.get("steps") or []
+        if first:
+            steps = [first, *steps] if isinstance(steps, list) else [first]
+            note("top-level 'send'/'expect_message' -> steps[0] of the WebSocket exchange")
+        if isinstance(steps, list):
+            data["steps"] = [_normalise_exchange(s, f"steps[{i}]") for i, s in enumerate(steps)]
+        return data
+
+    @model_validator(mode="after")
+    def _one_dialect(self) -> P21Inputs:
+        if self.url is None and not self.pattern:
+            raise ValueError("P21 needs 'pattern' (log check) or 'url' (WebSocket exchange)")
+        if self.url is not None:
+            scheme = urlsplit(self.url).scheme.lower() if "://" in self.url else ""
+            if scheme not in ("", "ws", "wss", "http", "https") and "{{" not in self.url and "${" not in self.url:
+                raise ValueError(f"WebSocket url must be ws(s)://, http(s):// or relative, got {self.url!r}")
+        return self
+
+
+def _ws_url(ctx: RunContext, url: str) -> str:
+    """Relative -> joined to the base URL; http(s) -> ws(s)."""
+    url = url.strip()
+    if "://" not in url:
+        base = ctx.target.base_url or ctx.vars.get("base_url") or ""
+        url = urljoin(str(base).rstrip("/") + "/", url.lstrip("/"))
+    parts = urlsplit(url)
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme.lower(), parts.scheme.lower())
+    return urlunsplit((scheme, parts.netloc, parts.path or "/", parts.query, ""))
+
+
+def _short(text: str, n: int = EVIDENCE_CHARS) -> str:
+    return text if len(text) <= n else text[:n] + f"...(+{len(text) - n} chars)"
+
+
+def _find(buffer: str, step: WsStep) -> tuple[int, str] | None:
+    """End offset of the earliest match of the step's expectation in ``buffer``, and what matched."""
+    hits: list[tuple[int, str]] = []
+    for needle in ([step.expect] if step.expect else []) + list(step.expect_any or []):
+        at = buffer.find(needle)
+        if at >= 0:
+            hits.append((at, needle))
+    if step.expect_regex:
+        m = re.search(step.expect_regex, buffer, re.MULTILINE)
+        if m:
+            hits.append((m.start(), m.group(0)))
+    if not hits:
+        return None
+    at, what = min(hits)
+    return at + len(what), what
+
+
+def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
+    """Connect, run the exchange, pass when every expectation is met."""
+    try:
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+        from websockets.sync.client import connect
+    except ImportError as exc:  # an environment problem: ERROR, with the fix
+        raise RuntimeError("P21's WebSocket dialect needs the 'websockets' package (pip install websockets)") from exc
+    url = _ws_url(ctx, inputs.url or "")
+    base = ctx.target.base_url or ctx.vars.get("base_url")
+    allowed = allowed_hosts_for(base, url)
+    if not url_allowed(url, allowed):
+        return StepResult(passed=False, message=f"refusing to connect to {url!r}: host {urlsplit(url).hostname!r} is not "
+                          f"the app's host ({', '.join(sorted(allowed))})")
+    budget = ctx.timeout(inputs.timeout_ms / 1000)
+    end = time.monotonic() + budget
+    headers = dict(inputs.headers)
+    identity = getattr(getattr(ctx, "auth", None), "active", None)
+    if identity is not None and getattr(identity, "headers", None):
+        headers = {**identity.headers, **headers}
+    transcript: list[dict[str, str]] = []
+    received: list[str] = []
+    results: list[dict[str, Any]] = []
+    evidence: dict[str, Any] = {"url": url, "subprotocol": inputs.subprotocol, "steps": results, "transcript": transcript}
+
+    def finish(passed: bool, message: str, *, unreachable: bool = False) -> StepResult:
+        document = {"url": url, "received": received, "text": "".join(received), "passed": passed}
+        ctx.last_document = document
+        return StepResult(passed=passed, unreachable=unreachable, message=message, value=document, evidence=evidence)
+
+    try:
+        ws = connect(url, subprotocols=inputs.subprotocol or None, additional_headers=headers or None,
+                     open_timeout=max(0.1, min(10.0, end - time.monotonic())), close_timeout=1, proxy=None,
+                     max_size=2 ** 20, compression=None)
+    except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return finish(False, f"WebSocket {url} did not open: {type(exc).__name__}: {detail}",
+                      unreachable=isinstance(exc, (OSError, TimeoutError)))
+    evidence["negotiated_subprotocol"] = ws.subprotocol
+    buffer = ""
+    total = 0
+    try:
+        for index, step in enumerate(inputs.steps):
+            row: dict[str, Any] = {"index": index}
+            results.append(row)
+            if step.send is not None:
+                ws.send(step.send)
+                transcript.append({"sent": _short(step.send)})
+            if not step.expects():
+                row["passed"] = True
+                continue
+            wanted = step.expect or step.expect_any or step.expect_regex
+            row["expect"] = wanted
+            step_end = min(end, time.monotonic() + step.timeout_ms / 1000) if step.timeout_ms else end
+            while True:
+                hit = _find(buffer, step)
+                if hit is not None:
+                    buffer = buffer[hit[0]:]
+                    row.update(passed=True, matched=hit[1])
+                    break
+                left = step_end - time.monotonic()
+                if left <= 0 or len(received) >= MAX_MESSAGES or total >= MAX_TEXT:
+                    row.update(passed=False)
+                    seen = _short(buffer[-EVIDENCE_CHARS:]) if buffer else "nothing"
+                    return finish(False, f"step {index}: {wanted!r} not received within "
+                                  f"{(step.timeout_ms or inputs.timeout_ms) / 1000:g}s (unmatched text: {seen!r})")
+                try:
+                    message = ws.recv(timeout=left)
+                except TimeoutError:
+                    continue
+                text = message.decode("utf-8", errors="replace") if isinstance(message, bytes) else str(message)
+                text = text[: max(0, MAX_TEXT - total)]
+                total += len(text)
+                received.append(text)
+                buffer += text
+                transcript.append({"received": _short(text)})
+    except ConnectionClosed as exc:
+        if results:
+            results[-1].setdefault("passed", False)
+        reason = f"{exc.rcvd.code} {exc.rcvd.reason}".strip() if getattr(exc, "rcvd", None) else "no close frame"
+        return finish(False, f"step {len(results) - 1}: the app closed the WebSocket ({reason})")
+    finally:
+        try:
+            ws.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+    met = sum(1 for r in results if r.get("passed"))
+    return finish(True, f"WebSocket {url}: connected, {met}/{len(results)} exchange step(s) done, "
+                  f"{len(received)} message(s) received")
+
+
+@primitive("P21", P21Inputs, description="A log in the app's environment contains a pattern; with 'url', a scripted "
+           "WebSocket exchange with the app (send / expect)")
+def log_content_or_websocket(inputs: P21Inputs, ctx: RunContext) -> StepResult:
+    """P21: the WebSocket dialect when a ``url`` is given, else the log check of primitives/container.py."""
+    if inputs.url is not None:
+        return websocket_exchange(inputs, ctx)
+    return container.log_content_check(inputs, ctx)
