@@ -28,7 +28,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from saasbench.auth import LoginFailed
 from saasbench.context import RunContext, extract_id
-from saasbench.dag import note
+from saasbench.dag import note, warn
 from saasbench.http import HttpResponse, Identity, ResponseTooLarge
 from saasbench.jsonpath import ABSENT, PathError, parse
 from saasbench.jsonpath import evaluate as path_value
@@ -310,7 +310,8 @@ class P05Inputs(PrimitiveInputs):
     expected_read_fields: list[str] = Field(default_factory=list, description="Every one must be present in the read object")
     expected_update_status: Statuses = Field(default_factory=list, description="Default: 200 or 204")
     expected_delete_status: Statuses = Field(default_factory=list, description="Default: 200, 202 or 204")
-    keep_alive: bool = Field(default=False, description="Keep the entity for later nodes: no delete")
+    keep_alive: bool = Field(default=False, description="Keep the entity for later nodes: after the delete, re-create it from "
+                             "create_body (new created_id), so later nodes find its create-time values")
     skip_delete: bool = Field(default=False, description="No delete")
     token: str | None = Field(default=None, description="Explicit bearer token instead of the active identity")
 
@@ -395,14 +396,28 @@ def api_crud(inputs: P05Inputs, ctx: RunContext) -> StepResult:
         if inputs.update_body is not None:
             call("update", inputs.update_method, inputs.resource if inputs.update_to_base else item,
                  inputs.update_body, set(inputs.expected_update_status or (200, 204)))
-        if not (inputs.keep_alive or inputs.skip_delete):
+        if not inputs.skip_delete:
             delete, sent_delete = call("delete", "DELETE", item, None, set(inputs.expected_delete_status or (200, 202, 204)))
             if not delete["passed"] and reference and sent_delete.response is not None and sent_delete.response.status == 404:
                 delete.update(passed=True, compat="reference: DELETE answered 404 counts as deleted")
+            if inputs.keep_alive:
+                # later nodes need the entity with its create-time values: re-create it (family C)
+                recreate, sent = call("recreate", "POST", inputs.resource, inputs.create_body,
+                                      set(inputs.expected_create_status or (200, 201)))
+                new_id = _created_id(sent.response.body, inputs) if recreate["passed"] and sent.response is not None else None
+                if recreate["passed"] and new_id is None:
+                    recreate.update(passed=False, message=f"no {inputs.identifier_field!r} in the re-create response")
+                if new_id is not None:
+                    created_id = new_id
+                    ctx.capture("created_id", created_id)
+                    ctx.last_created_id = created_id
 
     passed_count = sum(1 for s in steps if s["passed"])
     result = {"created_id": created_id, "steps": steps, "steps_passed": passed_count, "steps_total": len(steps)}
-    ctx.last_document = result
+    # What a following P07 reads: the create (or re-create) response body, as family C does; the
+    # summary's keys fill in only where the body has no such key (family D asserts $.steps_passed).
+    body = sent.response.body if sent.response is not None and sent.response.method == "POST" else None
+    ctx.last_document = {**result, **body} if isinstance(body, dict) else (body if body is not None else result)
     summary = ", ".join(_step_text(s) for s in steps)
     return StepResult(passed=passed_count == len(steps), value=result, unreachable=sent.unreachable,
                       message=f"{passed_count}/{len(steps)} CRUD sub-steps as expected: {summary}",
@@ -452,7 +467,8 @@ class P14Inputs(PrimitiveInputs):
     body: Any = Field(default=None, description="Request body (JSON)")
     expected_result: Literal["allowed", "denied"] | None = Field(
         default=None, description="Default: denied if every given status is >= 400, else allowed")
-    expected_status: Statuses = Field(default_factory=list, description="Status code(s) that pass; replace the class defaults")
+    expected_status: Statuses = Field(default_factory=list, description="Status code(s) that pass; with expected_result: denied they "
+                                      "are added to the deny set, otherwise they replace the class defaults")
     acceptable_statuses: Statuses = Field(default_factory=list, description="More status codes that pass")
 
     @field_validator("method", mode="before")
@@ -476,6 +492,9 @@ class P14Inputs(PrimitiveInputs):
                 data.setdefault("path", parts[1].strip())
             else:
                 data.setdefault("path", action.strip())
+                if not action.strip().startswith(("/", "http://", "https://", "{{", "${")):
+                    warn(f"action {action.strip()!r} is not 'METHOD /path' (a capability name, not an HTTP route): it is "
+                         f"requested as {data.get('method', 'GET')} /{action.strip()}", "action")
             note("action 'METHOD /path' -> method + path")
         result = data.get("expected_result")
         if isinstance(result, str):
@@ -522,7 +541,11 @@ def permission_check(inputs: P14Inputs, ctx: RunContext) -> StepResult:
     ctx.set_response(sent.response)
     status = sent.response.status
     wanted = inputs.outcome
-    if inputs.statuses:
+    if inputs.statuses and inputs.expected_result == "denied":
+        # a declared status widens the deny set (a 404 for a hidden record is a denial too)
+        allowed_set = inputs.statuses | DENIED_DEFAULT
+        ok, rule = status in allowed_set, f"denied ({sorted(allowed_set)})"
+    elif inputs.statuses:
         ok, rule = status in inputs.statuses, f"one of {sorted(inputs.statuses)}"
     elif wanted == "denied":
         ok, rule = status in DENIED_DEFAULT, f"denied ({sorted(DENIED_DEFAULT)})"

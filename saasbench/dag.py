@@ -153,6 +153,21 @@ def note(message: str) -> None:
         bucket.append(message)
 
 
+_warnings: contextvars.ContextVar[list[tuple[str, str | None]] | None] = contextvars.ContextVar("saasbench_dag_warnings", default=None)
+
+
+def warn(message: str, where: str | None = None) -> None:
+    """Record a DAG defect found while validating a step's inputs (the step still loads and runs).
+
+    ``where`` is the path inside the inputs (e.g. ``steps[4].action``); the loader reports a
+    warning naming the file, the node and the field ``steps[i].inputs.<where>``. At run time
+    (inputs validated again after placeholder resolution) there is no bucket and nothing is kept.
+    """
+    bucket = _warnings.get()
+    if bucket is not None and (message, where) not in bucket:
+        bucket.append((message, where))
+
+
 # The same placeholder grammar as the resolver (saasbench.placeholders), so the loader and the
 # run time agree on what is a placeholder.
 PLACEHOLDER_RE = re.compile(f"{MUSTACHE.pattern}|{SHELL.pattern}")
@@ -236,6 +251,7 @@ def load_dag_data(raw: Any, *, source: str = "<memory>", validate_inputs: bool =
         raise DagLoadError(c.issues)
 
     _check_totals(meta, scoring_config, nodes, c)
+    _check_shared_state(nodes, c)
     if meta.get("execution_mode") == "custom_test_functions":
         c.add("normalisation", "meta.execution_mode 'custom_test_functions': the primitive chains are executed as the specification")
     dag = Dag(source=source, meta=meta, scoring_config=scoring_config, nodes=nodes)
@@ -404,7 +420,9 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
         return None
     if validate_inputs and spec.inputs is not None:
         bucket: list[str] = []
+        defects: list[tuple[str, str | None]] = []
         token = _notes.set(bucket)
+        warn_token = _warnings.set(defects)
         try:
             model = spec.inputs.model_validate(inputs)
         except ValidationError as exc:
@@ -416,8 +434,11 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
             model = None
         finally:
             _notes.reset(token)
+            _warnings.reset(warn_token)
         for message in bucket:
             c.add("normalisation", f"{code}: {message}", node=node_id, field=f"{field}.inputs")
+        for message, where in defects:
+            c.add("warning", f"{code}: {message}", node=node_id, field=f"{field}.inputs.{where}" if where else f"{field}.inputs")
         if model is not None:
             for key in (model.model_extra or {}):
                 c.add("warning", f"{code} input {key!r} not understood (ignored)", node=node_id, field=f"{field}.inputs.{key}")
@@ -436,35 +457,54 @@ def find_cycle(nodes: list[Node]) -> list[str] | None:
     return None
 
 
-def execution_order(nodes: list[Node]) -> list[Node]:
-    """Stable topological order: Kahn's algorithm, ties in file order, ``run_last`` nodes at the end.
+def execution_order(nodes: list[Node], *, ties: str = "file") -> list[Node]:
+    """Stable topological order: Kahn's algorithm, ``run_last`` nodes at the end.
 
-    Prereqs that name no node are ignored here (the loader reported them). ``run_last`` nodes
-    keep their relative order among themselves and still respect prerequisites between them.
+    ``ties="file"`` (default): among ready nodes the one earliest in the file runs first (a heap
+    on file position), so adding a node never reorders unrelated ones. ``ties="fifo"``: the
+    reference harness's Kahn with a FIFO queue seeded in file order (a node made ready later
+    runs after every node already waiting); ``--compat reference`` uses it, because real DAGs
+    share state between nodes without declaring a dependency and the outcome then depends on
+    this order. Prereqs that name no node are ignored here (the loader reported them).
+    ``run_last`` nodes keep their relative order among themselves and still respect
+    prerequisites between them.
     """
+    if ties not in ("file", "fifo"):
+        raise ValueError(f"ties must be 'file' or 'fifo', not {ties!r}")
     position = {n.id: i for i, n in enumerate(nodes)}
     by_id = {n.id: n for n in nodes}
 
     def kahn(group: list[Node], done: set[str]) -> list[Node]:
-        members = {n.id for n in group}
-        pending = {n.id: sum(1 for p in set(n.prereqs) if p in members and p not in done) for n in group}
-        dependents: dict[str, list[str]] = {n.id: [] for n in group}
-        for n in group:
-            for p in set(n.prereqs):
-                if p in members and p not in done:
-                    dependents[p].append(n.id)
         import heapq
+        from collections import deque
 
-        ready = [position[i] for i, k in pending.items() if k == 0]
-        heapq.heapify(ready)
+        members = {n.id for n in group}
+        live = {n.id: [p for p in dict.fromkeys(n.prereqs) if p in members and p not in done] for n in group}
+        pending = {nid: len(ps) for nid, ps in live.items()}
+        dependents: dict[str, list[str]] = {n.id: [] for n in group}
+        for n in group:  # in file order, so a FIFO queue receives dependents in file order
+            for p in live[n.id]:
+                dependents[p].append(n.id)
         out: list[Node] = []
-        while ready:
-            nid = nodes[heapq.heappop(ready)].id
-            out.append(by_id[nid])
-            for d in dependents[nid]:
-                pending[d] -= 1
-                if pending[d] == 0:
-                    heapq.heappush(ready, position[d])
+        if ties == "fifo":
+            queue = deque(n.id for n in group if pending[n.id] == 0)
+            while queue:
+                nid = queue.popleft()
+                out.append(by_id[nid])
+                for d in dependents[nid]:
+                    pending[d] -= 1
+                    if pending[d] == 0:
+                        queue.append(d)
+        else:
+            ready = [position[i] for i, k in pending.items() if k == 0]
+            heapq.heapify(ready)
+            while ready:
+                nid = nodes[heapq.heappop(ready)].id
+                out.append(by_id[nid])
+                for d in dependents[nid]:
+                    pending[d] -= 1
+                    if pending[d] == 0:
+                        heapq.heappush(ready, position[d])
         if len(out) != len(group):  # the loader rejects cycles; be explicit if called directly
             raise ValueError("prerequisite cycle among: " + ", ".join(sorted(set(members) - {n.id for n in out})))
         return out
@@ -484,6 +524,72 @@ def execution_order(nodes: list[Node]) -> list[Node]:
     done = {n.id for n in first}
     last = kahn([n for n in nodes if n.id in deferred_ids], done)
     return first + last
+
+
+# Input keys whose string value names a capture a later step reads as {{name}} (save_as on P04
+# and on P07 assertions, capture_as, store_as, capture_stdout_as, save_id); a dict store_as maps names.
+_CAPTURE_KEYS = ("save_as", "capture_response_as", "capture_as", "store_as", "capture_stdout_as", "save_id")
+
+
+def _captures(value: Any) -> set[str]:
+    out: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in _CAPTURE_KEYS and isinstance(item, str):
+                out.add(item)
+            elif key in _CAPTURE_KEYS and isinstance(item, dict):
+                out.update(k for k in item if isinstance(k, str))
+            else:
+                out |= _captures(item)
+    elif isinstance(value, list):
+        for item in value:
+            out |= _captures(item)
+    return out
+
+
+def _check_shared_state(nodes: list[Node], c: _Collector) -> None:
+    """Warn where a node reads another node's state without depending on it (a DAG defect).
+
+    ``{{OTHER.created_id}}`` or a capture only other nodes make (``save_as: tag_create`` ->
+    ``{{tag_create.id}}``) resolves only if the writer happened to run first, so the score then
+    depends on the execution order (real DAGs do this; ``--compat reference`` reproduces the
+    reference harness's order). One warning per (node, name).
+    """
+    by_id = {n.id: n for n in nodes}
+    made_by: dict[str, set[str]] = {}
+    for n in nodes:
+        for name in _captures([step.inputs for step in n.steps]):
+            made_by.setdefault(name, set()).add(n.id)
+    ancestors: dict[str, set[str]] = {}
+
+    def up(node_id: str) -> set[str]:
+        if node_id not in ancestors:
+            ancestors[node_id] = set()  # the loader refused cycles; this only guards recursion
+            found: set[str] = set()
+            for p in by_id[node_id].prereqs:
+                if p in by_id:
+                    found |= {p} | up(p)
+            ancestors[node_id] = found
+        return ancestors[node_id]
+
+    for n in nodes:
+        warned: set[str] = set()
+        for index, step in enumerate(n.steps):
+            for match in MUSTACHE.finditer(json.dumps(step.inputs)):
+                name = re.split(r"[.\[]", match.group(1), maxsplit=1)[0]
+                if name in warned or name == n.id:
+                    continue
+                if name in by_id and name not in up(n.id):
+                    warned.add(name)
+                    c.add("warning", f"reads {{{{{match.group(1)}}}}} from node {name!r}, which is not among its "
+                          "prerequisites: the value exists only if that node ran first (order-dependent)",
+                          node=n.id, field=f"steps[{index}].inputs")
+                elif name in made_by and n.id not in made_by[name] and not (made_by[name] & up(n.id)):
+                    warned.add(name)
+                    writers = ", ".join(sorted(made_by[name]))
+                    c.add("warning", f"reads capture {{{{{name}}}}} made only by {writers}, none of them a prerequisite: "
+                          "the value exists only if that node ran first (order-dependent)",
+                          node=n.id, field=f"steps[{index}].inputs")
 
 
 def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: list[Node], c: _Collector) -> None:

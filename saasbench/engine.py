@@ -63,7 +63,7 @@ class Engine:
     def run(self, on_node: Callable[[NodeResult], None] | None = None) -> RunReport:
         started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
-        nodes = execution_order(select_nodes(self.dag, self.options.only, self.options.categories))
+        nodes = execution_order(select_nodes(self.dag, self.options.only, self.options.categories), ties=tie_order(self.ctx.options.compat))
         results: dict[str, NodeResult] = {}
         gate: dict[str, bool] = {}
         try:
@@ -97,6 +97,10 @@ class Engine:
         )
         if self.options.dry_run:
             return NodeResult(**base, status=Status.DRY_RUN, message="dry run: not executed")
+        if node.method == "llm-judge" and not self.ctx.options.judge_enabled:
+            # decided before gating and before any evidence step: no judge will read the evidence,
+            # so rendering pages for it is wasted time (and its prerequisites do not matter)
+            return NodeResult(**base, status=Status.SKIPPED_LLM, message="no judge configured: llm-judge node not run (pass --judge-model)")
         failed_prereqs = [p for p in node.prereqs if p in gate and not gate[p]]
         if failed_prereqs:
             return NodeResult(**base, status=Status.SKIPPED_DEPENDENCY, message="prerequisite not passed: " + ", ".join(failed_prereqs))
@@ -205,8 +209,22 @@ class Engine:
         return out
 
 
+def tie_order(compat: str) -> str:
+    """How topological ties are broken: FIFO Kahn (the reference's) under --compat reference, else file order."""
+    return "fifo" if compat == "reference" else "file"
+
+
 class PrimitiveUnavailable(Exception):
     pass
+
+
+def _exec_option(ctx: RunContext) -> dict:
+    """``{"exec": {kind, dir|container, env_names}}`` when P12/P21 have an exec target or variables
+    (names only: the values may be secrets)."""
+    from saasbench.exec_target import describe_exec
+
+    described = describe_exec(ctx.target)
+    return {"exec": described} if described is not None else {}
 
 
 def _ms(t0: float) -> float:
@@ -235,7 +253,8 @@ def build_report(dag: Dag, results: list[NodeResult], *, started_at: str, elapse
         started_at=started_at,
         options={"node_timeout_s": ctx.options.node_timeout_s, "http_timeout_s": ctx.options.http_timeout_s,
                  "max_response_bytes": ctx.options.max_response_bytes, "judge_enabled": ctx.options.judge_enabled,
-                 "judge_model": getattr(getattr(ctx.judge, "config", None), "model", None)} if ctx else {},
+                 "judge_model": getattr(getattr(ctx.judge, "config", None), "model", None),
+                 **_exec_option(ctx)} if ctx else {},
         summary=summary,
         categories=scoring.group_by(results, lambda r: r.category),
         complexity_tiers=scoring.group_by(results, lambda r: r.complexity_tier),

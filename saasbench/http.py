@@ -54,8 +54,17 @@ class HttpResponse:
     json_error: str | None = None
 
     def record(self) -> dict[str, Any]:
-        """A plain dict view for placeholders, captures and node outputs."""
+        """A plain dict view for placeholders, captures and node outputs.
+
+        ``created_id`` is the id of the entity the body describes (``id``, ``uuid``, or under
+        ``data``/``result``/``item``; absent when there is none), so ``{{saved.created_id}}``
+        resolves the way the reference harness's saved responses do.
+        """
+        from saasbench.context import extract_id
+
+        created = extract_id(self.body)
         return {
+            **({"created_id": created} if created is not None else {}),
             "status": self.status,
             "status_code": self.status,
             "headers": self.headers,

@@ -184,8 +184,9 @@ def engine_run(test_primitives: None, tmp_path_factory: pytest.TempPathFactory) 
     try:
         loaded = load_dag(ENGINE_DAG)
         dag = loaded.dag
+        # the fake judge stands in for a configured one (without a judge llm-judge nodes do not run)
         ctx = make_ctx(base_url, workspace=workspace, variables=run_variables(closed_port_url()),
-                       env_defaults=dag.env_defaults)
+                       env_defaults=dag.env_defaults, options=RunOptions(judge_enabled=True))
         report = Engine(dag, ctx).run()
         yield report, ctx
     finally:

@@ -350,3 +350,22 @@ def test_shell_placeholders(ctx: RunContext) -> None:
 def test_placeholders_in_lists_every_expression() -> None:
     value = {"path": "/a/{{x.y}}/{{z[0]}}", "h": ["${V:-d}"]}
     assert placeholders_in(value) == ["{{x.y}}", "{{z[0]}}", "${V}"]
+
+
+def test_state_read_without_a_dependency_is_a_warning() -> None:
+    """{{OTHER.created_id}} or another node's capture without a prerequisite is order-dependent."""
+    def n(node_id: str, steps: list, prereqs: list | None = None) -> dict:
+        return {"id": node_id, "prereqs": prereqs or [], "steps": steps,
+                "scoring": {"category": "CRUD", "method": "binary", "maxScore": 1}}
+
+    make = n("MAKE", [{"type": "P04", "inputs": {"method": "POST", "path": "/x", "save_as": "thing"}}])
+    declared = n("DECLARED", [{"type": "P04", "inputs": {"path": "/x/{{MAKE.created_id}}/{{thing.id}}"}}], ["MAKE"])
+    transitive = n("TRANSITIVE", [{"type": "P04", "inputs": {"path": "/x/{{thing.created_id}}"}}], ["DECLARED"])
+    by_node = n("BY_NODE", [{"type": "P04", "inputs": {"path": "/x/{{MAKE.created_id}}"}}])
+    by_capture = n("BY_CAPTURE", [{"type": "P15", "inputs": {}},
+                                  {"type": "P04", "inputs": {"path": "/x/{{thing.created_id}}/{{thing.id}}"}}])
+    own = n("OWN", [{"type": "P04", "inputs": {"method": "POST", "path": "/y", "save_as": "mine"}},
+                    {"type": "P04", "inputs": {"path": "/y/{{mine.created_id}}"}}])
+    result = load_dag_data({"nodes": [make, declared, transitive, by_node, by_capture, own]})
+    found = [(i.node, i.field) for i in result.issues if i.kind == "warning" and "order-dependent" in i.message]
+    assert found == [("BY_NODE", "steps[0].inputs"), ("BY_CAPTURE", "steps[1].inputs")]
