@@ -16,7 +16,8 @@ Usage (as root: up.sh needs apt, the postgres user and /etc/hosts; first run ~70
 
     .venv/bin/python bench/fidelity/run_superset.py                  # strict, writes docs/fidelity.md
     .venv/bin/python bench/fidelity/run_superset.py --compat reference --doc /tmp/fid.md
-    .venv/bin/python bench/fidelity/run_superset.py --no-up --keep-up   # against a running app
+    .venv/bin/python bench/fidelity/run_superset.py --no-up --keep-up --compat strict  # a running app
+    .venv/bin/python bench/fidelity/run_superset.py --rewrite /tmp/saasbench-fidelity-NNN  # doc only
 
 Exit code: 0 when every non-passing node is classified, 1 otherwise, 2 when it could not run.
 CI does not run this (it installs Superset); its numbers are committed in docs/fidelity.md.
@@ -113,7 +114,8 @@ def failing(report: dict) -> list[dict]:
 
 
 def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: float, up_s: float | None,
-              compat: str, command: str, others: dict[str, dict] | None = None) -> list[str]:
+              compat: str, command: str, others: dict[str, dict] | None = None,
+              dag_warnings: list[dict] | None = None) -> list[str]:
     """Write docs/fidelity.md; return the ids of non-passing nodes (of any run) without a classification."""
     others = others or {}
     s = report["summary"]
@@ -200,6 +202,10 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
             lines += ["", "`--compat reference` counts an 'already exists' answer where 2xx was expected and a DELETE",
                       "answered 404 as deleted, and breaks order ties with the reference's FIFO Kahn; the nodes above",
                       "change because real DAGs share state between nodes without declaring it."]
+    if dag_warnings is not None:
+        lines += ["", "## What `saasbench dag check` reports about this DAG", "",
+                  f"{len(dag_warnings)} warning(s) (the loader sees these defects without running anything):", ""]
+        lines += [f"- {w.get('node') or 'scoring_config'} `{w.get('field') or ''}`: {cell(w['message'], 300)}" for w in dag_warnings]
     lines += [
         "",
         "## Harness defects found by this suite and fixed",
@@ -245,7 +251,14 @@ def run_once(app_dir: Path, dag: Path, base: Path, out: Path, compat: str, *, up
     finally:
         if not keep_up:
             subprocess.run(["bash", str(app_dir / "down.sh")], stdout=subprocess.DEVNULL, check=False)
+    (out / "run.json").write_text(json.dumps({"wall_s": wall_s, "up_s": up_s, "cmd": cmd}))
     return json.loads((out / "eval" / "report.json").read_text()), wall_s, up_s, cmd
+
+
+def load_run(out: Path) -> tuple[dict, float, float | None, list[str]]:
+    """A finished run's results (``--rewrite``): re-write the doc after editing the classification."""
+    meta = json.loads((out / "run.json").read_text())
+    return json.loads((out / "eval" / "report.json").read_text()), meta["wall_s"], meta["up_s"], meta["cmd"]
 
 
 def main() -> int:
@@ -256,6 +269,8 @@ def main() -> int:
     parser.add_argument("--keep-up", action="store_true", help="leave Superset running afterwards (one run only)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temp folder)")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fidelity.md")
+    parser.add_argument("--rewrite", type=Path, default=None, metavar="OUT",
+                        help="do not run: re-write the doc from the runs in OUT (after editing the classification)")
     args = parser.parse_args()
     modes = [m.strip() for m in args.compat.split(",") if m.strip()]
     if not modes or any(m not in ("strict", "reference") for m in modes):
@@ -272,13 +287,18 @@ def main() -> int:
 
     runs: dict[str, tuple[dict, float, float | None, list[str]]] = {}
     for mode in modes:
+        if args.rewrite is not None:
+            runs[mode] = load_run(args.rewrite / mode)
+            continue
         (out / mode).mkdir(parents=True, exist_ok=True)
         runs[mode] = run_once(app_dir, dag, base, out / mode, mode, up=not args.no_up, keep_up=args.keep_up)
     report, wall_s, up_s, cmd = runs[modes[0]]
     shown = " ".join(["saasbench", *cmd[1:]]).replace(str(shared), "../shared").replace(str(ROOT) + "/", "")
     others = {m: runs[m][0] for m in modes[1:]}
+    checked = subprocess.run([*saasbench_cmd(), "dag", "check", str(dag), "--json"], capture_output=True, text=True, check=False)
+    dag_warnings = [w for f in json.loads(checked.stdout)["files"] for w in f["warnings"]] if checked.stdout else None
     unclassified = write_doc(args.doc, report, verdicts, wall_s=wall_s, up_s=up_s, compat=modes[0], command=shown,
-                             others=others)
+                             others=others, dag_warnings=dag_warnings)
     for mode, (rep, *_rest) in runs.items():
         s = rep["summary"]
         print(f"--compat {mode}: deterministic {s['deterministic_score']} task {s['task_score']}")
