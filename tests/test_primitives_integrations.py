@@ -556,7 +556,7 @@ def test_engine_runs_integration_nodes(app: App) -> None:
          "scoring": {"category": "Webhook", "method": "binary", "maxScore": 2}},
         {"id": "MAIL", "prereqs": ["HOOK"], "steps": [{"type": "P28", "inputs": {"trigger": INVITE, "expect": {"to": "alice@example.com", "timeout_ms": 10000}}}],
          "scoring": {"category": "TransactionalEmail", "method": "binary", "maxScore": 1}},
-        {"id": "JOB", "steps": [
+        {"id": "JOB", "prereqs": ["HOOK"], "steps": [  # it reads HOOK.created_id
             {"type": "P24", "inputs": {"trigger": {"type": "http", "path": "/jobs", "body": {"id": "{{HOOK.created_id}}"}},
                                        "verify": {"strategy": "db_query", "sql": "SELECT status FROM jobs WHERE id = '{{HOOK.created_id}}'",
                                                   "expected_result": {"status": "done"}, "max_wait_ms": 10000}}},
