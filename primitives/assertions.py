@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench.context import RunContext
-from saasbench.dag import PLACEHOLDER_RE, note, warn
+from saasbench.dag import PLACEHOLDER_RE, is_annotation, note, warn
 from saasbench.jsonpath import ABSENT, PathError, parse
 from saasbench.jsonpath import evaluate as path_value
 from saasbench.placeholders import MISSING, UnresolvedPlaceholder
@@ -54,8 +54,38 @@ OPERATORS: dict[str, str] = {
     "all_equal": "all_equal",
     "matches_regex": "matches_regex", "regex": "matches_regex", "regex_match": "matches_regex", "matches": "matches_regex",
     "jwt_decode": "jwt_decode",
+    # public-DAG dialects (ygamciur, gmdnohlg, ychlukjm, yobgvieg, orghjavi; docs/dag-semantics.md "P07")
+    "is_json": "is_json", "is_valid_json": "is_json", "valid_json": "is_json",
+    "has_type": "has_type", "type": "has_type", "is_type": "has_type", "type_is": "has_type", "of_type": "has_type",
+    "length_eq": "length_eq", "length": "length_eq", "length_equals": "length_eq", "array_length": "length_eq",
+    "length_gte": "length_gte", "array_length_gte": "length_gte", "min_length": "length_gte", "length_ge": "length_gte",
+    "length_gt": "length_gt", "array_length_gt": "length_gt",
+    "length_lte": "length_lte", "array_length_lte": "length_lte", "max_length": "length_lte", "length_le": "length_lte",
+    "length_lt": "length_lt", "array_length_lt": "length_lt",
+    "starts_with": "starts_with", "startswith": "starts_with", "ends_with": "ends_with", "endswith": "ends_with",
+    "equals_path": "equals_path", "eq_path": "equals_path",
+    "exists_or": "exists_or",
+    "array_find": "array_find", "array_contains": "array_find",
+    "all_gt": "all_gt", "all_gte": "all_gte", "all_lt": "all_lt", "all_lte": "all_lte",
 }
-UNARY = {"exists", "not_exists", "not_null", "is_null", "not_empty", "is_empty", "is_array", "jwt_decode"}
+UNARY = {"exists", "not_exists", "not_null", "is_null", "not_empty", "is_empty", "is_array", "jwt_decode", "is_json", "has_type"}
+LENGTH_OPS = {"length_eq": "equals", "length_gte": "gte", "length_gt": "gt", "length_lte": "lte", "length_lt": "lt"}
+# "expected_<op>: value" keys (uybznoms, orghjavi): the key names the operator. Several in one
+# assertion ({"expected_min": 18, "expected_max": 28}) become one assertion each.
+EXPECTED_KEY_OPS: dict[str, str] = {
+    "expected_gte": "gte", "expected_min": "gte", "expected_gt": "gt", "expected_lte": "lte", "expected_max": "lte",
+    "expected_lt": "lt", "expected_ne": "not_equals", "expected_not_equals": "not_equals",
+    "expected_contains": "contains", "expected_contains_all": "contains", "expected_not_contains": "not_contains",
+    "expected_regex": "matches_regex", "expected_pattern": "matches_regex", "match_regex": "matches_regex",
+    "expected_length": "length_eq", "expected_min_length": "length_gte", "expected_max_length": "length_lte",
+    "expected_all_gt": "all_gt", "expected_all_gte": "all_gte", "expected_all_lt": "all_lt", "expected_all_lte": "all_lte",
+}
+# "expected_<state>: true|false" flags: (op when true, op when false).
+EXPECTED_FLAG_OPS: dict[str, tuple[str, str]] = {
+    "expected_absent": ("not_exists", "exists"), "expected_absent_or_null": ("not_exists", "exists"),
+    "expected_present": ("exists", "not_exists"), "expected_exists": ("exists", "not_exists"),
+    "expected_null": ("is_null", "not_null"), "expected_not_null": ("not_null", "is_null"),
+}
 TYPE_NAMES: dict[str, str] = {
     "string": "string", "str": "string", "text": "string",
     "number": "number", "float": "number", "double": "number", "decimal": "number", "numeric": "number",
@@ -67,7 +97,8 @@ TYPE_NAMES: dict[str, str] = {
 }
 _ASSERTION_KEYS = {"path", "op", "operator", "match_type", "assertion", "expected", "exists", "type", "expected_type",
                    "expected_in", "contains", "tolerance", "save_as", "capture_as", "description", "pattern",
-                   "claims", "algorithm", "comment", "note", "name", "label"}
+                   "claims", "algorithm", "comment", "note", "name", "label", "match", "capture_field", "alt_check", "path_any_of",
+                   *EXPECTED_KEY_OPS, *EXPECTED_FLAG_OPS}
 # Pseudo-paths that mean "the raw body (text) of the last response": the path names the operator.
 # {"path": "body_contains", "expected": "x"} -> {"path": "$._body", "op": "contains", "expected": "x"}
 BODY_PATHS: dict[str, str] = {
@@ -132,6 +163,15 @@ def normalise_type(value: Any) -> str:
 
 
 # --- P07 canonical assertion ---------------------------------------------------------------------
+def _valid_path(value: str) -> str:
+    if not _has_placeholder(value):
+        try:
+            parse(value)
+        except PathError as exc:
+            raise ValueError(str(exc)) from exc
+    return value
+
+
 class Assertion(BaseModel):
     """One canonical assertion. ``expected`` is ignored by unary operators."""
 
@@ -146,6 +186,9 @@ class Assertion(BaseModel):
     description: str | None = None
     claims: dict[str, Any] = Field(default_factory=dict, description="jwt_decode: claim -> rule or literal value")
     algorithm: str | None = Field(default=None, description="jwt_decode: expected 'alg' of the token header (not verified)")
+    capture_field: str | None = Field(default=None, description="array_find: capture this field of the found element (save_as)")
+    path_any_of: list[str] = Field(default_factory=list, description="Alternative paths: the assertion holds when it holds at "
+                                   "'path' or at any of these (checked in order; the first that holds is reported)")
 
     @model_validator(mode="before")
     @classmethod
@@ -157,17 +200,31 @@ class Assertion(BaseModel):
     @field_validator("path")
     @classmethod
     def _path(cls, value: str) -> str:
-        if not _has_placeholder(value):
-            try:
-                parse(value)
-            except PathError as exc:
-                raise ValueError(str(exc)) from exc
-        return value
+        return _valid_path(value)
+
+    @field_validator("path_any_of")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        return [_valid_path(v) for v in value]
+
+    @property
+    def paths(self) -> list[str]:
+        """'path' then the alternatives of path_any_of (without repeats)."""
+        return list(dict.fromkeys([self.path, *self.path_any_of]))
 
 
 def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     """Turn any dialect seen in real DAGs into the canonical keys, noting every legacy form."""
     a = dict(raw)
+    if "path_any_of" in a:  # hhrdixum: {"path_any_of": ["$.detail", "$"], "exists": true}
+        alternatives = a["path_any_of"]
+        if isinstance(alternatives, str):
+            alternatives = [alternatives]
+        if not isinstance(alternatives, list) or not alternatives or not all(isinstance(p, str) for p in alternatives):
+            raise ValueError("path_any_of must be a non-empty list of paths")
+        if "path" not in a:
+            a["path"], a["path_any_of"] = alternatives[0], alternatives[1:]
+        note("'path_any_of' -> the assertion holds at any of the paths")
     body_op = BODY_PATHS.get(str(a.get("path", "")).strip().lower()) if isinstance(a.get("path"), str) else None
     if body_op is not None:
         legacy_path = a["path"]
@@ -178,6 +235,7 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     if "regex" in a and "pattern" not in a and not isinstance(a.get("regex"), bool):
         a["pattern"] = a.pop("regex")
         note("assertion 'regex' -> pattern (op matches_regex)")
+    _expected_key_op(a)
     op_keys = [k for k in ("op", "operator", "match_type", "assertion") if k in a]
     op_raw: Any = None
     if op_keys:
@@ -201,6 +259,12 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     if "type" in a:
         a.setdefault("expected_type", a.pop("type"))
         note("assertion 'type' -> expected_type")
+    if op == "has_type":  # {"operator": "type"|"is_type", "expected": "array"}
+        wanted = a.pop("expected", None)
+        if wanted is None or (a.get("expected_type") is not None and normalise_type(a["expected_type"]) != normalise_type(wanted)):
+            raise ValueError(f"operator {op_raw!r} needs one type name in 'expected'")
+        a["expected_type"] = wanted
+        note(f"operator {op_raw!r} with expected {wanted!r} -> expected_type")
     if a.get("expected_type") is not None:
         a["expected_type"] = normalise_type(a["expected_type"])
     given = [k for k in ("expected", "pattern", "expected_in", "contains") if k in a]
@@ -252,10 +316,94 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
     if op in ("in", "not_in") and not isinstance(a.get("expected"), (list, tuple)) and not _has_placeholder(a.get("expected")):
         raise ValueError(f"operator {op!r} needs a list of values")
+    _check_dialect_op(a, op)
     for key in a:
-        if key not in _ASSERTION_KEYS:
+        if key not in _ASSERTION_KEYS and not is_annotation(key, a[key]):
             warn(f"assertion key {key!r} not understood (ignored; a DAG defect)")
     return a
+
+
+def _expected_key_op(a: dict[str, Any]) -> None:
+    """``{"expected_gte": 1}`` -> ``op gte, expected 1``; ``{"expected_absent": true}`` -> ``op not_exists``.
+
+    Only when the assertion names no operator and no ``expected`` of its own; otherwise the key
+    is left alone and reported as not understood.
+    """
+    keys = [k for k in a if k in EXPECTED_KEY_OPS or k in EXPECTED_FLAG_OPS]
+    if len(keys) != 1 or any(k in a for k in ("op", "operator", "match_type", "assertion", "expected", "pattern",
+                                                    "regex", "expected_in", "contains", "exists")):
+        for key in keys:
+            warn(f"assertion key {key!r} next to another operator or expected value (ignored; a DAG defect)")
+            a.pop(key)
+        return
+    key = keys[0]
+    value = a.pop(key)
+    if key in EXPECTED_FLAG_OPS:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key!r} must be true or false")
+        a["op"] = EXPECTED_FLAG_OPS[key][0 if value else 1]
+    else:
+        a["op"], a["expected"] = EXPECTED_KEY_OPS[key], value
+    note(f"assertion '{key}' -> op {a['op']}")
+
+
+def expand_assertion(raw: Any) -> list[Any]:
+    """One assertion per ``expected_<op>`` key: ``{"path": p, "expected_min": 18, "expected_max": 28}``
+    -> ``[{"path": p, "expected_min": 18}, {"path": p, "expected_max": 28}]``."""
+    if not isinstance(raw, dict):
+        return [raw]
+    keys = [k for k in raw if k in EXPECTED_KEY_OPS or k in EXPECTED_FLAG_OPS]
+    if len(keys) < 2:
+        return [raw]
+    note(f"assertion with {', '.join(keys)} -> one assertion each")
+    return [{k: v for k, v in raw.items() if k not in keys or k == key} for key in keys]
+
+
+def _check_dialect_op(a: dict[str, Any], op: str) -> None:
+    """Load-time checks of the public-DAG operators and their companion keys."""
+    if op in LENGTH_OPS or op in ("all_gt", "all_gte", "all_lt", "all_lte"):
+        value = a.get("expected")
+        if _number(value) is None and not _has_placeholder(value):
+            raise ValueError(f"operator {op!r} needs a number in 'expected', got {value!r}")
+    if op in ("starts_with", "ends_with") and not isinstance(a.get("expected"), (str, int, float)):
+        raise ValueError(f"operator {op!r} needs a string in 'expected'")
+    if op == "equals_path":
+        other = a.get("expected")
+        if not isinstance(other, str):
+            raise ValueError("operator 'eq_path' needs the other path in 'expected'")
+        if not _has_placeholder(other):
+            try:
+                parse(other)
+            except PathError as exc:
+                raise ValueError(f"eq_path: {exc}") from exc
+    if "alt_check" in a:
+        if op != "exists_or":
+            warn("assertion key 'alt_check' without operator exists_or (ignored; a DAG defect)")
+            a.pop("alt_check")
+        else:
+            a["expected"] = a.pop("alt_check")
+            note("exists_or with alt_check -> expected (the alternative path)")
+    if op == "exists_or":
+        other = a.get("expected")
+        if not isinstance(other, str):
+            raise ValueError("operator 'exists_or' needs the alternative path in 'alt_check'")
+        if not _has_placeholder(other):
+            try:
+                parse(other)
+            except PathError as exc:
+                raise ValueError(f"exists_or: {exc}") from exc
+    if "match" in a:
+        if op != "array_find":
+            warn("assertion key 'match' without operator array_find/array_contains (ignored; a DAG defect)")
+            a.pop("match")
+        else:
+            a["expected"] = a.pop("match")
+            note("array_find/array_contains 'match' -> expected")
+    if op == "array_find" and not isinstance(a.get("expected"), dict):
+        raise ValueError("operator 'array_find'/'array_contains' needs a 'match' object {field: value}")
+    if "capture_field" in a and op != "array_find":
+        warn("assertion key 'capture_field' without operator array_find (ignored; a DAG defect)")
+        a.pop("capture_field")
 
 
 class P07Inputs(PrimitiveInputs):
@@ -292,6 +440,8 @@ class P07Inputs(PrimitiveInputs):
         if isinstance(data.get("assertions"), dict):
             data["assertions"] = [data["assertions"]]
             note("assertions given as one object -> list")
+        if isinstance(data.get("assertions"), list):
+            data["assertions"] = [x for item in data["assertions"] for x in expand_assertion(item)]
         if not data.get("assertions"):
             warn("no assertions: this step checks nothing and passes (a DAG defect)", "assertions")
             data["assertions"] = []
@@ -470,6 +620,24 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         return isinstance(value, list), f"{type_name(value)}, not an array"
     if op == "jwt_decode":
         return _check_jwt(a, value, doc)
+    if op == "has_type":  # the type itself was checked above
+        return True, ""
+    if op == "is_json":
+        return _is_json(a, value, doc), "not JSON" if _present(value) else ("absent" if value is ABSENT else "null or empty")
+    if op == "exists_or":
+        if _present(value):
+            return True, ""
+        try:
+            other = doc.get(str(expected))
+        except PathError as exc:
+            return False, f"absent, and alternative {expected}: {exc}"
+        return _present(other), f"absent, and alternative {expected} is {short(other)}"
+    if op == "equals_path":
+        try:
+            other = doc.get(str(expected))
+        except PathError as exc:
+            return False, f"{expected}: {exc}"
+        return value is not ABSENT and values_equal(value, other, a.tolerance), f"not equal to {expected} = {short(other)}"
     if value is ABSENT and not (op == "equals" and expected is None):  # expected null: absent counts
         return False, "absent"
     if op == "equals":
@@ -495,6 +663,35 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
             return False, f"expected a list of values, got {short(expected)}"
         found = any(values_equal(value, e, a.tolerance) for e in expected)
         return found if op == "in" else not found, "not among them" if op == "in" else "among them"
+    if op in LENGTH_OPS:
+        if not isinstance(value, (str, list, tuple, Mapping)):
+            return False, f"{type_name(value)} has no length"
+        pair = _order(len(value), expected)
+        if isinstance(pair, str):
+            return False, pair
+        x, y = pair
+        ok = {"equals": x == y, "gte": x >= y, "gt": x > y, "lte": x <= y, "lt": x < y}[LENGTH_OPS[op]]
+        return ok, f"length {len(value)}"
+    if op in ("starts_with", "ends_with"):
+        if not isinstance(value, str):
+            return False, f"{type_name(value)} is not text"
+        wanted = _scalar_text(expected)
+        return (value.startswith(wanted) if op == "starts_with" else value.endswith(wanted)), "no match"
+    if op == "array_find":
+        if not isinstance(value, (list, tuple)):
+            return False, f"{type_name(value)}, not an array"
+        return find_element(a, value) is not ABSENT, f"no element matches {short(expected, 120)}"
+    if op in ("all_gt", "all_gte", "all_lt", "all_lte"):
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            return False, "no values to compare (empty list)"
+        cmp = op[4:]
+        bad = []
+        for item in items:
+            pair = _order(item, expected)
+            if isinstance(pair, str) or not {"gte": pair[0] >= pair[1], "lte": pair[0] <= pair[1], "gt": pair[0] > pair[1], "lt": pair[0] < pair[1]}[cmp]:
+                bad.append(item)
+        return not bad, f"{len(bad)}/{len(items)} fail, e.g. {short(bad[0]) if bad else ''}"
     if op == "all_equal":
         items = value if isinstance(value, list) else [value]
         if not items:
@@ -512,6 +709,45 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         except re.error as exc:
             return False, f"invalid regex: {exc}"
     return False, f"operator {op!r} not implemented"  # unreachable: the model rejects unknown operators
+
+
+def _is_json(a: Assertion, value: Any, doc: Doc) -> bool:
+    """The response body parsed as JSON (path ``$`` of a response), or a value that is JSON data
+    (a string holding JSON text counts: a JSON column, an embedded document)."""
+    if not _present(value):
+        return False
+    if isinstance(value, str):
+        if doc.text is not None and value is doc.value and a.path.strip() in ("", "$"):
+            return False  # the body did not parse as JSON (parse_body kept the text)
+        try:
+            json.loads(value)
+        except (ValueError, RecursionError):
+            return False
+    return True
+
+
+def _element_matches(item: Any, match: Mapping[str, Any]) -> bool:
+    """Every key equals (P07 equality); a key ``<field>_contains`` absent from the element means
+    ``<field>`` contains the value (ygamciur ``{"name_contains": "Developer"}``)."""
+    if not isinstance(item, Mapping):
+        return False
+    for key, wanted in match.items():
+        if key in item:
+            if not values_equal(item[key], wanted):
+                return False
+        elif key.endswith("_contains") and key[: -len("_contains")] in item:
+            if not _contains(item[key[: -len("_contains")]], wanted):
+                return False
+        else:
+            return False
+    return True
+
+
+def find_element(a: Assertion, value: Any) -> Any:
+    """array_find: the first element matching ``expected`` (the 'match' object), else ABSENT."""
+    if not isinstance(value, (list, tuple)) or not isinstance(a.expected, Mapping):
+        return ABSENT
+    return next((item for item in value if _element_matches(item, a.expected)), ABSENT)
 
 
 # --- JWT -----------------------------------------------------------------------------------------
@@ -603,16 +839,33 @@ def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
     for a in inputs.assertions:
-        try:
-            value = doc.get(a.path)
-        except PathError as exc:
-            ok, why, value = False, str(exc), ABSENT
+        first: tuple[bool, str, Any, str] | None = None
+        for path in a.paths:  # path, then path_any_of: the first path where the assertion holds
+            try:
+                value = doc.get(path)
+            except PathError as exc:
+                ok, why, value = False, str(exc), ABSENT
+            else:
+                ok, why = check(a, value, doc)
+            if ok:
+                break
+            first = first or (ok, why, value, path)
         else:
-            ok, why = check(a, value, doc)
-        if a.save_as and value is not ABSENT:
+            ok, why, value, path = first if first is not None else (False, "no path", ABSENT, a.path)
+        if a.save_as and a.op == "array_find":  # capture the found element (or its capture_field)
+            found = find_element(a, value)
+            if isinstance(found, Mapping) and a.capture_field:
+                found = found.get(a.capture_field, ABSENT)
+            if found is not ABSENT:
+                ctx.capture(a.save_as, found)
+            elif ok:
+                ok, why = False, f"found element has no field {a.capture_field!r} to capture as {a.save_as}"
+        elif a.save_as and value is not ABSENT:
             ctx.capture(a.save_as, value)
-        what = f"{a.path} {a.op}" + ("" if a.op in UNARY else f" {short(a.expected, 80)}") + (f" ({a.expected_type})" if a.expected_type else "")
-        rows.append({"path": a.path, "op": a.op, "expected": a.expected, "actual": short(value), "passed": ok})
+        what = f"{path} {a.op}" + ("" if a.op in UNARY else f" {short(a.expected, 80)}") + (f" ({a.expected_type})" if a.expected_type else "")
+        if a.path_any_of and not ok:
+            what = f"{' | '.join(a.paths)} (none) {a.op}"
+        rows.append({"path": path, "op": a.op, "expected": a.expected, "actual": short(value), "passed": ok})
         if not ok:
             failures.append(f"{what}: actual {short(value)} [{why}]")
     passed = not failures
@@ -640,8 +893,8 @@ class P06Inputs(PrimitiveInputs):
         if isinstance(data.get("required_fields"), str):
             data["required_fields"] = [data["required_fields"]]
             note("required_fields given as a string -> list")
-        if not data.get("required_fields") and not data.get("field_types"):
-            raise ValueError("P06 needs required_fields or field_types: nothing would be checked")
+        if not data.get("required_fields") and not data.get("field_types"):  # ychlukjm: required_fields: []
+            warn("no required_fields or field_types: this step checks nothing and passes (a DAG defect)", "required_fields")
         return data
 
     @field_validator("field_types")
@@ -653,6 +906,9 @@ class P06Inputs(PrimitiveInputs):
 @primitive("P06", P06Inputs, raw_fields={"response"})
 def json_schema_match(inputs: P06Inputs, ctx: RunContext) -> StepResult:
     """Required fields are present (not null) and typed as declared; a list body checks its first element."""
+    if not inputs.required_fields and not inputs.field_types:
+        return StepResult(passed=True, message="no required_fields or field_types: nothing checked (a DAG defect reported by 'dag check')",
+                          evidence={"nothing_checked": True})
     doc = load_document(ctx, inputs.response)
     if isinstance(doc, str):
         return StepResult(passed=False, message=doc)

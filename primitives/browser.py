@@ -126,7 +126,7 @@ class PageInputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        rename_aliases(data, "anonymous", ("skip_auth",))
+        rename_aliases(data, "anonymous", ("skip_auth", "no_auth"))  # no_auth: lzdugafl RENDER_DOM
         rename_aliases(data, "as_role", ("login_as", "role"))
         rename_aliases(data, "login_method", ("auth_method",))
         if "authenticate" in data:

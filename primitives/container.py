@@ -92,6 +92,7 @@ class P12Inputs(PrimitiveInputs):
         rename_aliases(data, "container", ("container_name", "service"))
         rename_aliases(data, "expect_exit_code", ("expected_exit_code", "exit_code"))
         rename_aliases(data, "expect_output_contains", ("expected_output", "expect_output", "output_contains", "expect_stdout_contains"))
+        rename_aliases(data, "expect_output_regex", ("expect_output_match_regex",))  # orghjavi
         if "timeout_s" in data and "timeout" not in data:
             data["timeout"] = data.pop("timeout_s")
             note("'timeout_s' -> 'timeout'")

@@ -58,7 +58,7 @@ from typing import Any
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from saasbench.context import RunContext
-from saasbench.dag import note
+from saasbench.dag import note, warn
 from saasbench.db import (
     Column,
     Database,
@@ -71,7 +71,7 @@ from saasbench.db import (
     unquote_name,
 )
 from saasbench.placeholders import MISSING, UnresolvedPlaceholder, split_path, to_text, walk
-from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
 from saasbench.results import StepResult
 
 EVIDENCE_ROWS = 20
@@ -106,6 +106,8 @@ _CMP_STRING = re.compile(r"^\s*(==|!=|<>|>=|<=|>|<|=)\s*([+-]?(?:\d+(?:\.\d*)?|\
 _NUMBER = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$")
 _MAGIC = re.compile(r"^\{\{\s*(?:(not_null|is_null|not_empty)|(gte|gt|lte|lt|eq|ne)_(-?\d+(?:\.\d+)?))\s*\}\}$")
 _NULL_WORDS = {"not null": "not_null", "is not null": "not_null", "is null": "is_null"}
+_CONDITION = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(==|!=|<>|>=|<=|>|<|=)\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*$")
+_MONGO_SHELL = re.compile(r"^\s*db\.[\w$]+\.\w+\s*\(")
 
 
 def canon_op(name: Any) -> str:
@@ -386,14 +388,59 @@ class Assertion:
     check: Check
 
 
-def parse_assertions(raw: list[Any] | None) -> list[Assertion]:
-    out = []
+@dataclass
+class PathAssertion:
+    """A P07-style assertion ``{path, operator, expected, ...}`` inside P08 (yobgvieg, orghjavi, ygamciur).
+
+    ``where`` says what the path reads: ``column`` (a bare name: a column of the first row, as
+    ``field``), ``rows`` (``$`` or ``$[i]...``: the list of rows), ``result`` (``$.rows...``,
+    ``$.count``, ``$.rowcount``: the result document a following P07 would read) or ``row``
+    (any other ``$.x...``: into the first row, e.g. a MongoDB document). The check is P07's.
+    """
+
+    where: str
+    assertion: Any  # primitives.assertions.Assertion
+
+
+def _path_assertion(i: int, item: dict[str, Any]) -> PathAssertion:
+    from saasbench.primitives import assertions as p07
+
+    try:
+        a = p07.Assertion.model_validate(item)
+    except ValueError as exc:
+        errors = getattr(exc, "errors", None)
+        detail = "; ".join(str(e.get("msg", e)) for e in errors()) if callable(errors) else str(exc)
+        raise ValueError(f"assertions[{i}]: {detail}") from None
+    path = a.path.strip()
+    if not path.startswith("$"):
+        where = "column"
+    elif path == "$" or path.startswith("$["):
+        where = "rows"
+        if path == "$" and a.op in ("exists", "not_null", "not_exists", "is_null"):
+            op = "not_empty" if a.op in ("exists", "not_null") else "is_empty"
+            note(f"P08 assertion '$' {a.op} -> {op} (at least one row / no rows)")
+            a = a.model_copy(update={"op": op})
+    elif re.match(r"^\$\.(rows|count|rowcount)\b", path):
+        where = "result"
+    else:
+        where = "row"
+    note(f"P08 assertion with 'path' -> a P07 assertion on the {'first row' if where in ('column', 'row') else 'rows' if where == 'rows' else 'result document'}")
+    return PathAssertion(where, a)
+
+
+def parse_assertions(raw: list[Any] | None) -> list[Assertion | PathAssertion]:
+    from saasbench.primitives.assertions import expand_assertion
+
+    out: list[Assertion | PathAssertion] = []
     for i, item in enumerate(raw or []):
         if not isinstance(item, dict):
             raise ValueError(f"assertions[{i}] must be an object {{field, operator, expected}}")
+        if "field" not in item and "column" not in item and "path" in item:
+            out += [_path_assertion(i, x) for x in expand_assertion(item)]
+            continue
         name = item.get("field", item.get("column"))
         if not isinstance(name, str) or not name:
-            raise ValueError(f"assertions[{i}] needs a 'field'")
+            raise ValueError(f"assertions[{i}] needs a 'field' (or a P07-style 'path')")
         op = canon_op(item.get("operator", item.get("op", "equals")))
         expected = item.get("expected", item.get("value"))
         checks = parse_spec(expected) if op == "eq" and isinstance(expected, str) else [Check(op, expected)]
@@ -477,17 +524,46 @@ class Evaluator:
             failures += self._rows(exp.rows, result)
         elif exp.kind == "scalar":
             failures += self._scalar(exp.checks, result)
-        if assertions:
+        for pa in assertions:
+            if isinstance(pa, PathAssertion):
+                failures += self.path_assertion(pa, result, first)
+        field_assertions = [a for a in assertions if isinstance(a, Assertion)]
+        if field_assertions:
             if first is None:
                 failures.append("query returned no rows for the assertions")
             else:
-                for a in assertions:
+                for a in field_assertions:
                     actual = self.lookup(first, a.field, len(rows))
                     if actual is MISSING and a.check.op != "is_null":
                         failures.append(f"assertion field {a.field!r} not in the result (columns: {', '.join(first) or 'none'})")
                     elif not self.check(a.check, actual):
                         failures.append(f"assertion {a.field}: expected {a.check.describe()}, got {_show(actual)}")
         return failures
+
+    def path_assertion(self, pa: PathAssertion, result: QueryResult, first: dict[str, Any] | None) -> list[str]:
+        from saasbench.jsonpath import ABSENT, PathError
+        from saasbench.primitives import assertions as p07
+
+        a = pa.assertion
+        if a.expected is not None:
+            a = a.model_copy(update={"expected": self.value(a.expected)})
+        rows = result.rows
+        doc: Any = {"rows": rows, "count": len(rows), "rowcount": result.rowcount} if pa.where == "result" else \
+            rows if pa.where == "rows" else (first if first is not None else {})
+        if pa.where == "column":
+            found = self.lookup(first, a.path.strip(), len(rows)) if first is not None else MISSING
+            value = ABSENT if found is MISSING else found
+        else:
+            try:
+                value = p07.path_value(a.path, doc)
+            except PathError as exc:
+                return [f"assertion {a.path}: {exc}"]
+        ok, why = p07.check(a, value, p07.Doc(doc, label="P08 result"))
+        if ok:
+            return []
+        detail = "" if a.op in p07.UNARY else f" {p07.short(a.expected, 80)}"
+        rows_note = " (the query returned no rows)" if first is None and pa.where in ("column", "row") else ""
+        return [f"assertion {a.path} {a.op}{detail}: got {p07.short(value)} [{why}]{rows_note}"]
 
     def _rows(self, expected_rows: list, result: QueryResult) -> list[str]:
         rows = result.rows
@@ -552,7 +628,7 @@ class P08Inputs(PrimitiveInputs):
     save_id: str | None = Field(default=None, description="Capture the first column of the first row as {{save_id}}")
 
     _expectation: Expectation = PrivateAttr()
-    _assertions: list[Assertion] = PrivateAttr(default_factory=list)
+    _assertions: list[Assertion | PathAssertion] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -560,10 +636,35 @@ class P08Inputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        if "sql" not in data and isinstance(data.get("collection"), str) and isinstance(data.get("query", {}), dict):
+            # ygamciur: {"collection": "user", "query": {...}, "count_only": bool} -> a MongoDB JSON query
+            collection, flt = data.pop("collection"), data.pop("query", {}) or {}
+            count_only = data.pop("count_only", False)
+            data["sql"] = {"collection": collection, ("count" if count_only is True else "find"): flt}
+            note(f"collection/query{'/count_only' if count_only is True else ''} -> sql "
+                 f"{{collection, {'count' if count_only is True else 'find'}}} (a MongoDB JSON query)")
+            if "command" in data:
+                data.pop("command")
+                note("command ignored: the collection/query form is the statement")
+        if "command" in data and "sql" not in data and isinstance(data["command"], str):
+            data["sql"] = data.pop("command")
+            note("command -> sql")
+            if _MONGO_SHELL.match(data["sql"]):
+                warn("a MongoDB shell expression (db.<collection>.<method>(...)): this engine runs MongoDB queries "
+                     "given as JSON documents ({collection, find|count|aggregate...}), so the step fails at run time", "command")
         for alias in ("query", "db_query"):
             if alias in data and "sql" not in data:
                 data["sql"] = data.pop(alias)
                 note(f"{alias} -> sql")
+        if "expected_result_condition" in data:  # gmdnohlg: "cnt >= 1", "row_count >= 1"
+            condition = data.pop("expected_result_condition")
+            m = _CONDITION.match(condition) if isinstance(condition, str) else None
+            if m is None or "expected_result" in data:
+                warn(f"expected_result_condition {condition!r} is not '<column> <op> <number>' next to no "
+                     "expected_result (ignored; a DAG defect)", "expected_result_condition")
+            else:
+                data["expected_result"] = {m.group(1): f"{m.group(2)}{m.group(3)}"}
+                note(f"expected_result_condition {condition!r} -> expected_result {data['expected_result']}")
         if "expected" in data:
             if "expected_result" not in data:
                 data["expected_result"] = data.pop("expected")
@@ -571,6 +672,7 @@ class P08Inputs(PrimitiveInputs):
             else:
                 data.pop("expected")
                 note("both expected and expected_result: expected ignored")
+        _row_expectation_aliases(data)
         return data
 
     @field_validator("sql")
@@ -594,8 +696,51 @@ class P08Inputs(PrimitiveInputs):
         return self._expectation
 
     @property
-    def parsed_assertions(self) -> list[Assertion]:
+    def parsed_assertions(self) -> list[Assertion | PathAssertion]:
         return self._assertions
+
+
+def _row_expectation_aliases(data: dict[str, Any]) -> None:
+    """hhrdixum: ``first_row_assertions: {col: spec}`` and ``expect_rowcount_min: N`` -> expected_result.
+
+    ``first_row_assertions`` is the dict form (checks on the first row). ``expect_rowcount_min: N``
+    is the number of rows, literally: ``row_count: ">=N"`` (N <= 0: just run the statement). On a
+    ``SELECT COUNT(...)`` (one row whatever the count) that holds for N <= 1 whatever the count:
+    loaded as written, with a warning (the DAG probably meant the count; not guessed).
+    """
+    first = data.pop("first_row_assertions", None)
+    minimum = data.pop("expect_rowcount_min", None)
+    if first is None and minimum is None:
+        return
+    if minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, float))):
+        warn(f"expect_rowcount_min {minimum!r} is not a number (ignored; a DAG defect)", "expect_rowcount_min")
+        minimum = None
+    if first is not None and not isinstance(first, dict):
+        warn(f"first_row_assertions {first!r} is not an object of column checks (ignored; a DAG defect)", "first_row_assertions")
+        first = None
+    current = data.get("expected_result")
+    if current is not None and not isinstance(current, dict):
+        warn("first_row_assertions/expect_rowcount_min next to an expected_result that is not a column dict (ignored; a DAG defect)",
+             "expected_result")
+        return
+    merged = dict(current or {})
+    for key, spec in (first or {}).items():
+        merged.setdefault(key, spec)
+    if first is not None:
+        note("first_row_assertions -> expected_result (checks on the first row)")
+    if minimum is not None:
+        if minimum > 0:
+            merged.setdefault("row_count", f">={minimum:g}")
+            note(f"expect_rowcount_min {minimum:g} -> expected_result row_count '>={minimum:g}' (the number of rows)")
+            if minimum <= 1 and isinstance(data.get("sql"), str) and _COUNT_ONLY.match(data["sql"]):
+                warn(f"expect_rowcount_min {minimum:g} on a SELECT COUNT(...): the statement returns one row whatever "
+                     "the count, so this always holds (a DAG defect; the count itself is not checked)", "expect_rowcount_min")
+        else:
+            note(f"expect_rowcount_min {minimum:g} -> any number of rows")
+    data["expected_result"] = merged
+
+
+_COUNT_ONLY = re.compile(r"^\s*SELECT\s+COUNT\s*\([^)]*\)(\s+AS\s+\w+)?\s+FROM\b(?!.*\bGROUP\s+BY\b)", re.I | re.S)
 
 
 def _note_dialects(raw: Any) -> None:
@@ -755,6 +900,12 @@ class P09Inputs(PrimitiveInputs):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tables" not in data:  # ygamciur (MongoDB): collections -> tables
+            data = dict(data)
+            rename_aliases(data, "tables", ("collections",))
+        if isinstance(data, dict) and "table" not in data and "collection" in data:
+            data = dict(data)
+            rename_aliases(data, "table", ("collection",))
         if isinstance(data, dict) and "table" in data:
             data = dict(data)
             table = data.pop("table")
@@ -816,6 +967,11 @@ class P10Inputs(PrimitiveInputs):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):  # ygamciur (MongoDB): {collection, expected_fields}
+            data = dict(data)
+            rename_aliases(data, "table", ("collection",))
+            if "expected_columns" not in data:
+                rename_aliases(data, "expected_columns", ("expected_fields", "fields"))
         if isinstance(data, dict) and "columns" in data:
             data = dict(data)
             cols = data.pop("columns")
@@ -890,6 +1046,19 @@ class IndexSpec(PrimitiveInputs):
     unique: bool | None = None
     pattern: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "columns" not in data:  # ygamciur (MongoDB): {"fields": ["email"], "unique": true}
+            data = dict(data)
+            rename_aliases(data, "columns", ("fields", "keys", "column"))
+            if isinstance(data.get("columns"), str):
+                data["columns"] = [data["columns"]]
+        if isinstance(data, dict) and "name" not in data and "index_name" in data:
+            data = dict(data)
+            rename_aliases(data, "name", ("index_name",))
+        return data
+
 
 class P11Inputs(PrimitiveInputs):
     table: str | None = Field(default=None, description="Table whose indexes are checked (default: every visible table)")
@@ -898,6 +1067,16 @@ class P11Inputs(PrimitiveInputs):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            rename_aliases(data, "table", ("collection",))
+            single = {k: data.pop(k) for k in ("index_name", "columns", "fields", "unique", "pattern") if k in data}
+            if single and "expected_indexes" not in data and "indexes" not in data:
+                # ychlukjm: {"table", "index_name": "PRIMARY", "columns": [...]} -> expected_indexes: [{...}]
+                data["expected_indexes"] = [single]
+                note(f"one index given at the top level ({', '.join(single)}) -> expected_indexes: [{{...}}]")
+            elif single:
+                data.update(single)  # left for the unknown-key warning
         if isinstance(data, dict) and "indexes" in data:
             data = dict(data)
             items = data.pop("indexes")

@@ -74,6 +74,41 @@ def _as_statuses(value: Any) -> Any:
 Statuses = Annotated[list[int], BeforeValidator(_as_statuses)]
 
 
+def _query_value(value: Any) -> Any:
+    """A query-string value as the DAG means it: true/false lower-case, null empty, lists repeated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return [_query_value(v) for v in value]
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, dict) else str(value)
+
+
+def _drop_pseudo_statuses(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Integers outside 100-599 next to real status codes (gmdnohlg ``[401, 403, 404, 997]``, a
+    harness sentinel) can never match a response: dropped with a warning. If nothing real is
+    left, the list is kept so the step is refused (dropping all would silently mean 2xx)."""
+    def fake(item: Any) -> bool:
+        n = int(item.strip()) if isinstance(item, str) and item.strip().isdigit() else item
+        return isinstance(n, int) and not isinstance(n, bool) and not 100 <= n <= 599
+
+    def items(value: Any) -> list[Any]:
+        return list(value) if isinstance(value, (list, tuple, set)) else [] if value is None else [value]
+
+    present = [k for k in keys if k in data]
+    everything = [x for k in present for x in items(data[k])]
+    if not any(fake(x) for x in everything) or all(fake(x) for x in everything):
+        return data
+    data = dict(data)
+    for key in present:
+        bad = [x for x in items(data[key]) if fake(x)]
+        if bad:
+            data[key] = [x for x in items(data[key]) if not fake(x)]
+            warn(f"{', '.join(map(str, bad))} is not an HTTP status code and can never match (dropped; a DAG defect)", key)
+    return data
+
+
 def _method(value: Any) -> str:
     if not isinstance(value, str) or not _METHOD_RE.match(value.strip()):
         raise ValueError(f"not an HTTP method: {value!r}")
@@ -243,6 +278,48 @@ def _bearer(token: str) -> dict[str, str]:
 
 
 # --- P04 -----------------------------------------------------------------------------------------
+def _capture_aliases(data: dict[str, Any]) -> None:
+    """hhrdixum: ``save_response_id_as: "var"`` and ``save_response_field_as`` (``{field, var}`` or ``{var: field}``)."""
+    rename_aliases(data, "save_id_as", ("save_response_id_as",))
+    fields = data.pop("save_response_field_as", None)
+    if fields is None:
+        return
+    if isinstance(fields, dict) and set(fields) == {"field", "var"}:
+        fields = {fields["var"]: fields["field"]}
+    if isinstance(fields, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()):
+        data["capture_fields"] = {**fields, **(data.get("capture_fields") or {})}
+        note("save_response_field_as -> capture_fields {var: field}")
+    else:
+        warn(f"save_response_field_as {fields!r} is neither {{field, var}} nor {{var: field}} (ignored; a DAG defect)",
+             "save_response_field_as")
+
+
+def _capture_fields(ctx: RunContext, body: Any, save_id_as: str | None, fields: Mapping[str, str],
+                    created: Any = None) -> list[str]:
+    """Capture the response id / fields named by save_id_as and capture_fields; the failures."""
+    failures: list[str] = []
+    if save_id_as:
+        found = created if created is not None else extract_id(body)
+        if found is None and isinstance(body, dict) and isinstance(body.get("pk"), (str, int)) and not isinstance(body["pk"], bool):
+            found = body["pk"]  # Django REST framework's primary key
+        if found is None:
+            failures.append(f"save_id_as {save_id_as}: the response has no id")
+        else:
+            ctx.capture(save_id_as, found)
+    for var, field in fields.items():
+        try:
+            value = path_value(field if field.startswith("$") else "$." + field, body)
+        except PathError as exc:
+            value, why = ABSENT, str(exc)
+        else:
+            why = "absent from the response"
+        if value is ABSENT:
+            failures.append(f"capture {var}: field {field!r} {why}")
+        else:
+            ctx.capture(var, value)
+    return failures
+
+
 class HttpFields(PrimitiveInputs):
     """Base of inputs that carry an HTTP ``method`` and ``headers``: one normalisation for both."""
 
@@ -274,6 +351,30 @@ class P04Inputs(HttpFields):
     skip_auth: bool = Field(default=False, description="Send no auth headers and no cookies")
     save_as: str | None = Field(default=None, description="Capture the response record under this name")
     capture_response_as: str | None = Field(default=None, description="Same as save_as (family-A name)")
+    save_id_as: str | None = Field(default=None, description="Capture the id of the entity in the response body (id, uuid, "
+                                   "pk, or under data/result/item) as {{name}} (legacy: save_response_id_as); none fails the step")
+    capture_fields: dict[str, str] = Field(default_factory=dict, description="{{var}} -> field of the response body (dotted or "
+                                           "'$.path'; legacy: save_response_field_as); a field that is absent fails the step")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            _capture_aliases(data)
+            rename_aliases(data, "path", ("url",))  # ychlukjm: {"url": "http://localhost:9201/..."}
+            rename_aliases(data, "body", ("raw_body",))  # orghjavi: "raw_body": "{not_valid_json" (a string is sent verbatim)
+            for key in ("query", "params", "query_params"):  # egsszeqg "query", orghjavi "params": the query string
+                if isinstance(data.get(key), dict) and isinstance(data.get("path"), str):
+                    query = urlencode({k: _query_value(v) for k, v in data.pop(key).items()}, doseq=True)
+                    if query:
+                        data["path"] += ("&" if "?" in data["path"] else "?") + query
+                    note(f"'{key}' -> query string of the path")
+            if data.get("no_auth") is True and "skip_auth" not in data:  # gmdnohlg
+                data.pop("no_auth")
+                data["skip_auth"] = True
+                note("'no_auth' -> 'skip_auth'")
+        return data
 
 
 
@@ -293,8 +394,11 @@ def http_request(inputs: P04Inputs, ctx: RunContext) -> StepResult:
         if name:
             ctx.capture(name, record)
     r = sent.response
-    return StepResult(passed=True, value=record, evidence=evidence,
-                      message=f"{inputs.method} {inputs.path} -> {r.status} in {r.elapsed_ms:.0f} ms")
+    message = f"{inputs.method} {inputs.path} -> {r.status} in {r.elapsed_ms:.0f} ms"
+    failures = _capture_fields(ctx, r.body, inputs.save_id_as, inputs.capture_fields)
+    if failures:
+        return StepResult(passed=False, value=record, evidence=evidence, message=f"{message}; " + "; ".join(failures))
+    return StepResult(passed=True, value=record, evidence=evidence, message=message)
 
 
 # --- P05 -----------------------------------------------------------------------------------------
@@ -496,11 +600,20 @@ class P14Inputs(PrimitiveInputs):
                     warn(f"action {action.strip()!r} is not 'METHOD /path' (a capability name, not an HTTP route): it is "
                          f"requested as {data.get('method', 'GET')} /{action.strip()}", "action")
             note("action 'METHOD /path' -> method + path")
+        rename_aliases(data, "expected_status", ("expected_statuses",))  # hhrdixum: "expected_statuses": [400, 401, 403]
         result = data.get("expected_result")
         if isinstance(result, str):
             lowered = result.strip().lower()
             data["expected_result"] = {"allow": "allowed", "permitted": "allowed", "deny": "denied",
                                        "forbidden": "denied", "rejected": "denied"}.get(lowered, lowered)
+            if lowered in ("denied_or_allowed", "allowed_or_denied", "either", "any"):
+                # orghjavi dag_source: a "relaxed" check whose listed statuses decide, whichever class they are
+                data.pop("expected_result")
+                if _as_statuses(data.get("expected_status")) or _as_statuses(data.get("acceptable_statuses")):
+                    note(f"expected_result {result!r} -> no allow/deny class: the listed statuses decide")
+                else:
+                    warn(f"expected_result {result!r} with no statuses: nothing decides between allowed and denied, "
+                         "so the default (allowed = 2xx/3xx) applies (a DAG defect)", "expected_result")
         return data
 
     @property
@@ -565,6 +678,8 @@ class P15Inputs(PrimitiveInputs):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = _drop_pseudo_statuses(data, ("expected_status", "acceptable_statuses", "acceptable", "expected"))
         if isinstance(data, dict) and ("acceptable" in data or "expected" in data):
             data = dict(data)
             extra: list[Any] = []
@@ -743,6 +858,10 @@ class P22Inputs(PrimitiveInputs):
             data = dict(data)
             rename_aliases(data, "endpoint", ("path", "url"))
             rename_aliases(data, "operation_name", ("operationName",))
+            if isinstance(data.get("store_as"), str):  # ychlukjm: "store_as": "revoke_token" -> the whole body
+                name = data["store_as"]
+                data["store_as"] = {name: "$"}
+                note(f"store_as {name!r} (a name) -> {{{name!r}: '$'}} (the whole response body)")
         return data
 
     @field_validator("store_as")
@@ -1021,6 +1140,8 @@ class P23Inputs(PrimitiveInputs):
     download: DownloadSpec | None = Field(default=None, description="Then download it and compare (placeholders resolved after the upload)")
     token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
     save_as: str | None = Field(default=None, description="Capture the upload response record under this name")
+    save_id_as: str | None = Field(default=None, description="Capture the created id as {{name}} (as P04; legacy: save_response_id_as)")
+    capture_fields: dict[str, str] = Field(default_factory=dict, description="{{var}} -> field of the upload response (as P04)")
 
     @model_validator(mode="before")
     @classmethod
@@ -1028,6 +1149,7 @@ class P23Inputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
+        _capture_aliases(data)
         flat = [k for k in ("method", "path", "file_name", "filename", "file_content", "file_size_kb", "content_type", "file_field",
                             "field_name", "fields", "extra_fields", "expected_status", "acceptable_statuses", "id_path", "graphql") if k in data]
         if flat and "upload" not in data:
@@ -1120,6 +1242,9 @@ def file_upload(inputs: P23Inputs, ctx: RunContext) -> StepResult:
         ctx.capture("created_id", created)
         ctx.last_created_id = created
         evidence["created_id"] = created
+    failures = _capture_fields(ctx, response.body, inputs.save_id_as, inputs.capture_fields, created)
+    if failures:
+        return StepResult(passed=False, evidence=evidence, value=response.record(), message=f"{head}; " + "; ".join(failures))
     if inputs.download is None:
         return StepResult(passed=True, evidence=evidence, value=response.record(),
                           message=head + (f"; created id {short(created, 80)}" if created is not None else ""))

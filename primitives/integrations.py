@@ -60,7 +60,7 @@ from saasbench.primitives.http import (
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
 
 from saasbench.context import RunContext
-from saasbench.dag import note
+from saasbench.dag import note, warn
 from saasbench.placeholders import UnresolvedPlaceholder
 from saasbench.receivers import (
     Delivery,
@@ -956,6 +956,9 @@ def _mailhog_check(ctx: RunContext, api: str, inputs: P28Inputs, evidence: dict[
 
 
 # --- P_INGEST event_ingest ------------------------------------------------------------------------
+MCP_KEYS = ("entityType", "entityUrn", "aspectName", "changeType", "aspectValue", "aspect", "entityKeyAspect", "systemMetadata")
+
+
 class IngestInputs(HttpFields):
     """Analytics ingestion (the paper's P_INGEST: "event ingestion (analytics tasks)").
 
@@ -973,7 +976,8 @@ class IngestInputs(HttpFields):
     "expected": "{{ingest_count}}"}``.
     """
 
-    endpoint: str = Field(description="Ingestion path (e.g. /api/event, /api/send, /capture) or absolute URL")
+    endpoint: str | None = Field(description="Ingestion path (e.g. /api/event, /api/send, /capture) or absolute URL; "
+                                 "null only for a metadata-change proposal that names none (fails at run time)")
     method: str = Field(default="POST", description="HTTP method of each send")
     events: list[Any] = Field(min_length=1, description="Event payloads (objects -> JSON, strings verbatim); placeholders allowed")
     batch: bool = Field(default=False, description="Send all events in one request: a JSON array (or {batch_key: [...]}); strings as NDJSON")
@@ -1000,6 +1004,17 @@ class IngestInputs(HttpFields):
             data["events"] = [data["events"]]
         rename_aliases(data, "repeat", ("times",))
         rename_aliases(data, "expect_status", ("expected_status",))
+        proposal = {k: data.pop(k) for k in list(data) if k in MCP_KEYS}
+        if proposal and "events" not in data:
+            # ychlukjm (DataHub): {entityType, entityUrn, aspectName, changeType, aspectValue} -> one event
+            data["events"] = [proposal]
+            note(f"metadata-change proposal ({', '.join(proposal)}) -> events: [proposal]")
+            if "endpoint" not in data:
+                data["endpoint"] = None
+                warn("a metadata-change proposal without an ingestion endpoint: the DAG does not say where to send it "
+                     "(the reference harness's task code did), so the step fails at run time", "endpoint")
+        else:
+            data.update(proposal)  # next to events: left for the unknown-key warning
         return data
 
 
@@ -1007,6 +1022,9 @@ class IngestInputs(HttpFields):
 @primitive("P_INGEST", IngestInputs, raw_fields={"events", "event", "payloads", "payload", "body", "data", "verify"})
 def event_ingest(inputs: IngestInputs, ctx: RunContext) -> StepResult:
     """Send analytics events to the ingestion endpoint, then verify they were counted (API or SQL)."""
+    if inputs.endpoint is None:
+        return StepResult(passed=False, message="no ingestion endpoint: the DAG gives a metadata-change proposal but not "
+                          "where to send it (see the loader warning)", evidence={"events": inputs.events})
     now = time.time()
     ctx.capture("ingest_id", uuid.uuid4().hex[:12])
     ctx.capture("ingest_ts", int(now))

@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from saasbench.primitives.registry import PrimitiveInputs, primitive
 
 from saasbench.context import RunContext
-from saasbench.dag import note
+from saasbench.dag import note, warn
 from saasbench.judge import (
     MAX_FILES,
     MAX_IMAGES,
@@ -44,7 +44,20 @@ from saasbench.judge import (
 )
 from saasbench.results import StepResult
 
-EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot"]
+EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot", "logs"]
+# Evidence types DAGs name that no reference family collects: the step loads (with a warning) and
+# is reported judge-skipped at run time (SKIPPED_LLM, excluded from totals) instead of guessing.
+UNCOLLECTED_EVIDENCE = {"logs"}
+_EVIDENCE_TYPES = set(EvidenceType.__args__)
+
+
+def _combined_evidence(kind: str, has_files: bool) -> str | None:
+    """The one evidence type used for a combined kind such as ``frontend_code_and_dom``: the code
+    files when the step names files to sample, else the first part that is a known type."""
+    parts = [_EVIDENCE_ALIASES.get(p, p) for p in kind.split("_and_")]
+    if has_files and any(p == "code_files" or "code" in p or "file" in p for p in parts):
+        return "code_files"
+    return next((p for p in parts if p in _EVIDENCE_TYPES and p not in UNCOLLECTED_EVIDENCE), None)
 _EVIDENCE_ALIASES = {
     "codebase": "code_files", "code": "code_files", "files": "code_files", "source_code": "code_files",
     "last_body": "http_response_body", "response_body": "http_response_body", "api_response": "http_response_body",
@@ -119,6 +132,16 @@ class P17Inputs(PrimitiveInputs):
             if canon != kind:
                 data["evidence_type"] = canon
                 note(f"evidence_type {kind!r} -> {canon!r}")
+            if canon not in _EVIDENCE_TYPES and "_and_" in canon:  # egsszeqg: "frontend_code_and_dom"
+                chosen = _combined_evidence(canon, bool(data.get("files_to_sample")))
+                if chosen is not None:
+                    data["evidence_type"] = canon = chosen
+                    warn(f"evidence_type {kind!r} asks for several kinds of evidence; the judge gets one: {chosen} "
+                         f"({'the files_to_sample' if chosen == 'code_files' else 'the first kind this engine collects'})",
+                         "evidence_type")
+            if canon in UNCOLLECTED_EVIDENCE:  # ychlukjm DOC_LLM_LOGGING_QUALITY: P12 prints logs, then P17 'logs'
+                warn(f"evidence_type {canon!r} is collected by no reference harness family (code_files, http_response_body, "
+                     "http_response_html, rendered_dom, screenshot): the step is reported judge-skipped at run time", "evidence_type")
         for key in ("max_score", "maxScore"):
             if key in data:
                 value = data.pop(key)
@@ -216,6 +239,9 @@ def llm_judge(inputs: P17Inputs, ctx: RunContext) -> StepResult:
     if judge is None or not ctx.options.judge_enabled:
         why = "no judge model configured" if judge is None else "judge turned off for this run"
         return StepResult(passed=False, judge_skipped=True, message=f"judge disabled ({why})")
+    if inputs.evidence_type in UNCOLLECTED_EVIDENCE:
+        return StepResult(passed=False, judge_skipped=True,
+                          message=f"evidence_type {inputs.evidence_type!r} is not collected by this engine (judge skipped)")
     told, handed, range_source = resolve_range(inputs, ctx)
 
     evidence = gather_evidence(inputs, ctx)

@@ -136,6 +136,8 @@ class P21Inputs(container.P21Inputs):
     timeout_ms: float = Field(default=10000, gt=0, description="WebSocket dialect: budget for the whole exchange "
                               "(bounded by the node deadline)")
     headers: dict[str, str] = Field(default_factory=dict, description="WebSocket dialect: extra handshake headers")
+    expect_connected: bool = Field(default=True, description="WebSocket dialect: false = the app must refuse the "
+                                   "handshake (it answers, but does not open a WebSocket)")
 
     @model_validator(mode="before")
     @classmethod
@@ -144,6 +146,13 @@ class P21Inputs(container.P21Inputs):
             return data
         data = dict(data)
         rename_aliases(data, "url", ("ws_url", "websocket_url", "endpoint"))
+        if not data.get("url") and not any(k in data for k in ("pattern", "contains", "regex")):
+            # egsszeqg: {"path": "/runners/_ws", "expect_connected": false}: no log pattern, so a WebSocket path
+            for key in ("path", "log_path"):
+                if isinstance(data.get(key), str) and ("expect_connected" in data or data[key].startswith("/")):
+                    data["url"] = data.pop(key)
+                    note(f"'{key}' without a log pattern -> WebSocket 'url' (relative to the base URL)")
+                    break
         if not data.get("url"):
             return data
         rename_aliases(data, "subprotocol", ("subprotocols", "protocol", "protocols"))
@@ -242,8 +251,13 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
                      max_size=2 ** 20, compression=None)
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        return finish(False, f"WebSocket {url} did not open: {type(exc).__name__}: {detail}",
-                      unreachable=isinstance(exc, (OSError, TimeoutError)))
+        no_server = isinstance(exc, (OSError, TimeoutError))
+        if not inputs.expect_connected and not no_server:  # the app answered and refused the upgrade, as required
+            return finish(True, f"WebSocket {url} did not open, as expected: {type(exc).__name__}: {detail}")
+        return finish(False, f"WebSocket {url} did not open: {type(exc).__name__}: {detail}", unreachable=no_server)
+    if not inputs.expect_connected:
+        ws.close()
+        return finish(False, f"WebSocket {url} opened; expected the app to refuse it (expect_connected: false)")
     evidence["negotiated_subprotocol"] = ws.subprotocol
     buffer = ""
     total = 0

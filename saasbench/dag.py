@@ -38,6 +38,17 @@ _NODE_KEYS = {
 }
 # Free-text authoring notes seen in real DAGs: kept verbatim, never warned about.
 _ANNOTATION_KEYS = {"_eval_fix", "_honesty_note", "_normaliser", "_round19_note", "_baseline_known_gap"}
+
+
+# Descriptive node metadata of newer DAGs (egsszeqg): kept verbatim in extras, never warned about.
+_METADATA_KEYS = {"coverage_refs", "trajectory_tags", "merged_from", "kb_ref"}
+
+
+def is_annotation(key: Any, value: Any) -> bool:
+    """An authoring note: a known one, or any ``_name`` key holding text (``_round26_test_bug_fix``,
+    ``_inclusivity_2026_04_30`` in ygamciur/ychlukjm), at node, scoring, step or input level."""
+    return key in _ANNOTATION_KEYS or (isinstance(key, str) and len(key) > 1 and key[0] == "_" and key[1].isalpha()
+                                       and isinstance(value, str))
 _SCORING_KEYS = {"category", "subcategory", "method", "maxScore", "max_score"}
 
 
@@ -306,7 +317,7 @@ def _load_node(rn: Any, index: int, c: _Collector, validate_inputs: bool) -> Nod
         if key in _NODE_KEYS:
             continue
         extras[key] = value
-        if key not in _ANNOTATION_KEYS:
+        if not is_annotation(key, value) and key not in _METADATA_KEYS:
             c.add("warning", f"node key {key!r} not understood (kept verbatim in extras)", node=node_id, field=key)
     if "evidence" in rn:
         extras["evidence"] = rn["evidence"]
@@ -365,7 +376,7 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
         return None
     extras = {k: v for k, v in raw.items() if k not in _SCORING_KEYS}
     for key in extras:
-        if key not in _ANNOTATION_KEYS:
+        if not is_annotation(key, extras[key]):
             c.add("warning", f"scoring key {key!r} not understood (kept)", node=node_id, field=f"scoring.{key}")
     return Scoring(
         category=str(raw.get("category") or "Uncategorized"),
@@ -409,7 +420,7 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
         c.add("error", "step inputs must be an object", node=node_id, field=f"{field}.inputs")
         return None
     for key in rs:
-        if key not in {"type", "primitive", "inputs"}:
+        if key not in {"type", "primitive", "inputs"} and not is_annotation(key, rs[key]):
             c.add("warning", f"step key {key!r} not understood (ignored)", node=node_id, field=f"{field}.{key}")
 
     from saasbench.primitives.registry import REGISTRY  # the one registry of primitive codes
@@ -441,6 +452,8 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
             c.add("warning", f"{code}: {message}", node=node_id, field=f"{field}.inputs.{where}" if where else f"{field}.inputs")
         if model is not None:
             for key in (model.model_extra or {}):
+                if is_annotation(key, inputs.get(key)):
+                    continue
                 c.add("warning", f"{code} input {key!r} not understood (ignored)", node=node_id, field=f"{field}.inputs.{key}")
     return Step(type=code, inputs=inputs)
 
