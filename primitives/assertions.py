@@ -368,14 +368,7 @@ def _check_dialect_op(a: dict[str, Any], op: str) -> None:
     if op in ("starts_with", "ends_with") and not isinstance(a.get("expected"), (str, int, float)):
         raise ValueError(f"operator {op!r} needs a string in 'expected'")
     if op == "equals_path":
-        other = a.get("expected")
-        if not isinstance(other, str):
-            raise ValueError("operator 'eq_path' needs the other path in 'expected'")
-        if not _has_placeholder(other):
-            try:
-                parse(other)
-            except PathError as exc:
-                raise ValueError(f"eq_path: {exc}") from exc
+        _check_other_path(a.get("expected"), "eq_path", "the other path in 'expected'")
     if "alt_check" in a:
         if op != "exists_or":
             warn("assertion key 'alt_check' without operator exists_or (ignored; a DAG defect)")
@@ -384,14 +377,7 @@ def _check_dialect_op(a: dict[str, Any], op: str) -> None:
             a["expected"] = a.pop("alt_check")
             note("exists_or with alt_check -> expected (the alternative path)")
     if op == "exists_or":
-        other = a.get("expected")
-        if not isinstance(other, str):
-            raise ValueError("operator 'exists_or' needs the alternative path in 'alt_check'")
-        if not _has_placeholder(other):
-            try:
-                parse(other)
-            except PathError as exc:
-                raise ValueError(f"exists_or: {exc}") from exc
+        _check_other_path(a.get("expected"), "exists_or", "the alternative path in 'alt_check'")
     if "match" in a:
         if op != "array_find":
             warn("assertion key 'match' without operator array_find/array_contains (ignored; a DAG defect)")
@@ -498,6 +484,17 @@ def short(value: Any, limit: int = 200) -> str:
 
 
 # --- comparisons ---------------------------------------------------------------------------------
+def _check_other_path(other: Any, op: str, what: str) -> None:
+    """Operators whose ``expected`` is a second path (eq_path, exists_or): it must parse at load time."""
+    if not isinstance(other, str):
+        raise ValueError(f"operator {op!r} needs {what}")
+    if not _has_placeholder(other):
+        try:
+            parse(other)
+        except PathError as exc:
+            raise ValueError(f"{op}: {exc}") from exc
+
+
 def _number(value: Any) -> float | Decimal | None:
     """A number, or a numeric string, as a number; booleans and everything else -> None."""
     if isinstance(value, bool):

@@ -44,7 +44,7 @@ from pydantic import (
     model_validator,
 )
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps
+from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps, scoped
 
 from saasbench.auth import LoginFailed
 from saasbench.browser import (
@@ -763,8 +763,7 @@ def normalise_dom_assertion(raw: Any, where: str | None = None) -> Any:
     if not isinstance(raw, dict):
         return raw
     data = dict(raw)
-    at = (lambda key: f"{where}.{key}") if where else (lambda key: key)
-    say = (lambda message: note(f"{where}: {message}")) if where else note
+    at, say = scoped(where)
     _alias(data, "case_insensitive", ("caseInsensitive", "ignore_case", "ignoreCase", "icase"), say)
     _alias(data, "text_any_of", ("i18nFallback", "i18n_fallback", "text_alternatives", "textAnyOf", "text_any"), say)
     if isinstance(data.get("text_any_of"), str):

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from saasbench.dag import note, warn
+from saasbench.dag import as_number, note, warn
 
 Action = Literal["goto", "click", "fill", "type", "wait", "press", "select", "check", "uncheck", "hover", "screenshot",
                  "mouse_move", "scroll", "reload", "back", "expect_text", "noop"]
@@ -69,17 +69,12 @@ _KNOWN = frozenset({"action", "selector", "selector_any_of", "value", "url", "wa
                     "state", "skipped_action", *_ANNOTATIONS})
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            return None
-    return None
+def scoped(where: str | None) -> tuple[Any, Any]:
+    """``(at, say)`` for a nested dialect: ``at(key)`` names the field under ``where`` for a
+    warning, ``say(message)`` records a normalisation prefixed with ``where``."""
+    if not where:
+        return (lambda key: key), note
+    return (lambda key: f"{where}.{key}"), (lambda message: note(f"{where}: {message}"))
 
 
 def _alias(data: dict[str, Any], target: str, aliases: tuple[str, ...], say: Any) -> None:
@@ -98,8 +93,7 @@ def normalise_step(raw: Any, where: str | None = None) -> Any:
         else:
             return raw
     data = dict(raw)
-    at = (lambda key: f"{where}.{key}") if where else (lambda key: key)
-    say = (lambda message: note(f"{where}: {message}")) if where else note
+    at, say = scoped(where)
     _alias(data, "action", ("type", "op", "command", "step"), say)
     action = data.get("action")
     if isinstance(action, str):
@@ -134,8 +128,8 @@ def normalise_step(raw: Any, where: str | None = None) -> Any:
         _alias(data, "value", ("expected", "contains"), say)
     if act == "wait" and data.get("value") is not None and not (data.get("selector") or data.get("selector_any_of")):
         value = data.pop("value")
-        if _number(value) is not None and "wait_ms" not in data:
-            data["wait_ms"] = _number(value)
+        if as_number(value) is not None and "wait_ms" not in data:
+            data["wait_ms"] = as_number(value)
             say("browser step wait 'value' (a number) -> 'wait_ms'")
         elif isinstance(value, str) and value.strip():
             data["selector"] = value
@@ -144,7 +138,7 @@ def normalise_step(raw: Any, where: str | None = None) -> Any:
     for key in _MS_KEYS + _S_KEYS:
         if key not in data:
             continue
-        value = _number(data[key])
+        value = as_number(data[key])
         if value is None:
             continue
         ms = value * 1000 if key in _S_KEYS else value

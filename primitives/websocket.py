@@ -38,7 +38,7 @@ from saasbench.browser import allowed_hosts_for, url_allowed
 from saasbench.context import RunContext
 from saasbench.dag import note, warn
 from saasbench.primitives import container
-from saasbench.primitives.browser_steps import _alias
+from saasbench.primitives.browser_steps import _alias, scoped
 from saasbench.primitives.registry import primitive, rename_aliases
 from saasbench.results import StepResult
 
@@ -53,8 +53,7 @@ def _normalise_exchange(raw: Any, where: str | None) -> Any:
     if not isinstance(raw, dict):
         return raw
     data = dict(raw)
-    at = (lambda key: f"{where}.{key}") if where else (lambda key: key)
-    say = (lambda message: note(f"{where}: {message}")) if where else note
+    at, say = scoped(where)
     _alias(data, "send", ("message", "payload", "data", "send_text"), say)
     _alias(data, "expect", ("expect_contains", "receive", "expected", "contains", "wait_for"), say)
     _alias(data, "expect_any", ("expect_any_of", "expect_one_of", "any_of"), say)

@@ -365,9 +365,9 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
         if max_score is None:
             max_score = rn["max_score"]
             c.add("normalisation", "node-level max_score -> scoring.maxScore", node=node_id, field="max_score")
-        elif _num(rn["max_score"]) != _num(max_score):
+        elif as_number(rn["max_score"]) != as_number(max_score):
             c.add("warning", f"node-level max_score {rn['max_score']!r} disagrees with scoring.maxScore {max_score!r}; scoring.maxScore wins", node=node_id, field="max_score")
-    value = _num(max_score)
+    value = as_number(max_score)
     if value is None:
         c.add("error", f"maxScore must be a number, got {max_score!r}", node=node_id, field="scoring.maxScore")
         return None
@@ -387,7 +387,8 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
     )
 
 
-def _num(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A JSON number or numeric string as a float (booleans are not numbers); None otherwise."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
@@ -614,7 +615,7 @@ def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: l
     for where, container in (("meta", meta), ("scoring_config", scoring_config)):
         for key in ("total_maxScore", "total_max_score"):
             if key in container:
-                declared = _num(container[key])
+                declared = as_number(container[key])
                 if declared is None or abs(declared - total) > 1e-9:
                     c.add("warning", f"{where}.{key} says {container[key]!r}, nodes sum to {total:g} (node sum wins)", field=f"{where}.{key}")
     cats = scoring_config.get("categories")
@@ -631,7 +632,7 @@ def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: l
             if cat not in sums:
                 c.add("warning", f"scoring_config category {cat!r} has no nodes", field=f"scoring_config.categories.{cat}")
                 continue
-            if _num(declared) is not None and abs(_num(declared) - sums[cat]) > 1e-9:  # type: ignore[operator]
+            if as_number(declared) is not None and abs(as_number(declared) - sums[cat]) > 1e-9:  # type: ignore[operator]
                 c.add("warning", f"scoring_config category {cat!r} maxScore {declared!r} disagrees with node sum {sums[cat]:g}", field=f"scoring_config.categories.{cat}")
             if isinstance(value, dict) and isinstance(value.get("node_count"), int) and value["node_count"] != counts[cat]:
                 c.add("warning", f"scoring_config category {cat!r} node_count {value['node_count']} disagrees with {counts[cat]} nodes", field=f"scoring_config.categories.{cat}")

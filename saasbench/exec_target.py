@@ -37,6 +37,7 @@ import posixpath
 import re
 import shlex
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,14 +80,20 @@ def is_secret_name(name: str) -> bool:
     return any(word in upper for word in _SECRET_WORDS)
 
 
+def host_env() -> dict[str, str]:
+    """The host variables a local command inherits: the allowlist, minus secret-looking names."""
+    return {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ and not is_secret_name(k)}
+
+
 # --- the targets -------------------------------------------------------------------------------------
-class ExecTarget:
+class ExecTarget(ABC):
     """Where commands run; the ``exec`` half of :class:`~saasbench.environment.Environment`."""
 
     kind = "exec"
 
+    @abstractmethod
     def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
-        raise NotImplementedError
+        """Run ``cmd`` with a shell; output capped, everything it started killed on timeout."""
 
     def logs(self, name: str, tail: int = 200) -> str:
         """A named log the target knows (none by default): KeyError."""
@@ -131,7 +138,7 @@ class LocalExecTarget(ExecTarget):
 
     def command_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The minimal host environment (no secret-looking names) plus ``extra``."""
-        env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ and not is_secret_name(k)}
+        env = host_env()
         env.update({str(k): str(v) for k, v in (extra or {}).items()})
         return env
 
@@ -372,7 +379,7 @@ def environment_base_env(env: Any) -> dict[str, str]:
     if env is None:
         return base
     if getattr(env, "kind", None) == "local":
-        base = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ and not is_secret_name(k)}
+        base = host_env()
     elif callable(getattr(env, "container", None)):
         try:
             for item in (env.container().attrs.get("Config") or {}).get("Env") or []:
