@@ -202,6 +202,9 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
             lines += ["", "`--compat reference` counts an 'already exists' answer where 2xx was expected and a DELETE",
                       "answered 404 as deleted, and breaks order ties with the reference's FIFO Kahn; the nodes above",
                       "change because real DAGs share state between nodes without declaring it."]
+    measured = HERE / "reference_evaluator_timing.md"  # measured by hand: the reference is not ours to install
+    if measured.is_file():
+        lines += ["", *measured.read_text(encoding="utf-8").rstrip().splitlines()]
     if dag_warnings is not None:
         lines += ["", "## What `saasbench dag check` reports about this DAG", "",
                   f"{len(dag_warnings)} warning(s) (the loader sees these defects without running anything):", ""]
