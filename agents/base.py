@@ -217,16 +217,18 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
     """The paper's four-block prompt for ``task`` in ``env``; with ``stage``, PRD and KB are copied in.
 
     Per-task text comes from ``task.yaml``: ``title``/``environment.product`` (product
-    description), ``stack``, ``environment.tools``, ``environment.requirements``, the database,
-    the auth profile's evaluation users, and the app's start command (our deployment contract:
-    the harness runs it after the agent, with ``$PORT`` and ``$DATABASE_PATH`` set).
+    description), ``stack``, ``environment.tools``/``base_os``/``requirements``, the database
+    (host ``environment.db_host``), the auth profile's evaluation users, and the app's start
+    command (our deployment contract: the harness runs it after the agent, with ``$PORT`` and
+    ``$DATABASE_PATH`` set). ``tasks import`` fills these from a public task's
+    ``prompt_for_model.md`` (``facts`` in task.yaml).
     """
     if stage:
         stage_task_inputs(task, env)
     spec = task.spec
     extra = spec.environment or {}
     ws = env.workspace_path
-    product = extra.get("product") or spec.title or spec.id
+    product = extra.get("product") or (spec.facts.product if spec.facts else None) or spec.title or spec.id
     stack = spec.stack if isinstance(spec.stack, str) else (json.dumps(spec.stack) if spec.stack else "")
     port = env.app_port
 
@@ -236,7 +238,8 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
                     f"empty apart from the requirements files). Run commands with your shell tool from that folder.")
     else:
         where = "Docker environment"
-        container = extra.get("container") or getattr(env, "container_name", "app")
+        # the trial's real container name (per trial); the name the public prompt gives is another machine's
+        container = getattr(env, "container_name", None) or extra.get("container") or "app"
         env_text = ("Environment. The Docker environment is already up and running — you do not need to pull images or "
                     f"start containers. You work inside the container {container}, with {ws} as the working directory "
                     f"(currently empty). Run commands inside the container like this: docker exec {container} bash -c "
@@ -246,7 +249,8 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
     lines = [role, "", env_text]
     tools = _as_list(extra.get("tools"))
     if tools:
-        lines.append("Tools pre-installed: " + ", ".join(tools) + ".")
+        base_os = f" ({extra['base_os']})" if extra.get("base_os") else ""
+        lines.append(f"Tools pre-installed{base_os}: " + "; ".join(tools) + ".")
     db_line = _database_line(task, env)
     if db_line:
         lines.append(db_line)
@@ -268,6 +272,9 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
             f"(2) install dependencies; (3) run database migrations; (4) {users_text}; (5) {serve}.")
     lines += ["", todo]
     reqs = _as_list(extra.get("requirements"))
+    if env.kind != "local" and extra.get("container") and extra["container"] != container:
+        # requirements copied from a public prompt name the benchmark machine's container; this trial's is another
+        reqs = [r.replace(str(extra["container"]), container) for r in reqs]
     if reqs:
         lines += ["", "Key technical requirements. " + " ".join(reqs)]
 

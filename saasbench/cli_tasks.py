@@ -50,20 +50,26 @@ RootOption = Annotated[Optional[Path], typer.Option("--root", help="Task catalog
 def tasks_list(
     root: RootOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON")] = False,
+    images: Annotated[bool, typer.Option("--images/--no-images", help="Ask the Docker engine which images are present")] = True,
 ) -> None:
-    """List the tasks of the catalogue: id, title, domain, stack, database, port, files present.
+    """List the tasks of the catalogue: id, title, domain, database, port, readiness (ready / needs DAG, PRD, images).
 
     Example: saasbench tasks list --root tasks/
     """
-    from saasbench.tasks import find_tasks, tasks_root
+    from saasbench.tasks import docker_client_or_none, find_tasks, readiness, tasks_root
 
     errors: list[str] = []
     tasks = find_tasks(root, errors=errors)
-    rows = [{"id": t.id, "title": t.title, "domain": t.spec.domain, "category": t.spec.category,
-             "stack": t.spec.stack if isinstance(t.spec.stack, str) else (json.dumps(t.spec.stack) if t.spec.stack else ""),
-             "database": t.spec.database.engine if t.spec.database else None, "port": t.spec.app.port,
-             "prd": t.prd_path.is_file(), "kb": t.kb_path.is_file(), "dag": t.dag_path.is_file(),
-             "reference": t.reference_dir is not None, "path": str(t.root)} for t in tasks]
+    client = docker_client_or_none() if images else None
+    rows = []
+    for t in tasks:
+        ready = readiness(t, docker_client=client)
+        rows.append({"id": t.id, "title": t.title, "domain": t.spec.domain, "category": t.spec.category,
+                     "stack": t.spec.stack if isinstance(t.spec.stack, str) else (json.dumps(t.spec.stack) if t.spec.stack else ""),
+                     "database": t.spec.database.engine if t.spec.database else None, "port": t.spec.app.port,
+                     "prd": t.prd_path.is_file(), "kb": t.kb_path.is_file(), "dag": t.dag_path.is_file(),
+                     "reference": t.reference_dir is not None, "path": str(t.root),
+                     "readiness": ready.status, "needs": ready.needs})
     if as_json:
         typer.echo(json.dumps({"tasks": rows, "errors": errors}, indent=2))
         return
@@ -72,12 +78,13 @@ def tasks_list(
         console.print(f"no tasks under {escape(str(root or tasks_root()))}")
         return
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("id", "title", "domain", "stack", "db", "port", "files"):
+    for col in ("id", "title", "domain", "db", "port", "files", "readiness"):
         table.add_column(col, no_wrap=col in ("id", "port"), overflow="fold")
     for r in rows:
         files = " ".join(name for name, ok in (("prd", r["prd"]), ("kb", r["kb"]), ("dag", r["dag"]), ("ref", r["reference"])) if ok)
-        table.add_row(escape(r["id"]), escape(r["title"]), r["domain"] or "", escape(r["stack"] or ""), r["database"] or "",
-                      str(r["port"]), files)
+        state = "[green]ready[/]" if not r["needs"] else f"[yellow]{escape(r['readiness'])}[/]"
+        table.add_row(escape(r["id"]), escape(r["title"]), r["domain"] or "", r["database"] or "",
+                      str(r["port"]), files, state)
     console.print(table)
     console.print(f"{len(rows)} task(s)")
     for e in errors:
@@ -94,10 +101,15 @@ def tasks_show(
 
     Example: saasbench tasks show timetrack
     """
+    from saasbench.tasks import docker_client_or_none, readiness
+
     t = _load(task, root)
     spec = t.spec.model_dump(mode="json", exclude_none=True)
+    ready = readiness(t, docker_client=docker_client_or_none())
     if as_json:
-        typer.echo(json.dumps({"path": str(t.root), "spec": spec}, indent=2))
+        typer.echo(json.dumps({"path": str(t.root), "spec": spec, "readiness": {
+            "status": ready.status, "needs": ready.needs, "notes": ready.notes,
+            "images": [n.model_dump(mode="json") for n in ready.images]}}, indent=2))
         return
     console = _console()
     console.print(f"[bold]{escape(t.id)}[/]  {escape(t.title)}")
@@ -137,34 +149,167 @@ def tasks_show(
             console.print(f"  KB          {len(kb)} entr{'y' if len(kb) == 1 else 'ies'}")
     except Exception as exc:  # noqa: BLE001 - show, not crash
         console.print(f"  KB          [red]{escape(str(exc))}[/]")
+    _show_facts(console, t)
+    for n in ready.images:
+        have = {True: "[green]present[/]", False: "[red]absent[/]", None: "[dim]unchecked[/]"}[n.available]
+        sub = f" (map: {escape(n.substitute)})" if n.substitute else ""
+        console.print(f"  image       {escape(n.service)}: {escape(n.image or n.declared)} {have}{sub}")
+    colour = "green" if not ready.needs else "yellow"
+    console.print(f"  readiness   [{colour}]{escape(ready.status)}[/]")
+    for note in ready.notes:
+        console.print(f"    - {escape(note)}")
+
+
+def _show_facts(console: Console, t) -> None:
+    """The facts read from prompt_for_model.md at import (task.yaml ``facts``), one line each."""
+    facts = t.spec.facts
+    if facts is None:
+        return
+    console.print("  [bold]facts from prompt_for_model.md[/]")
+    for label, value in (("product", facts.product), ("container", facts.container), ("workdir", facts.workdir),
+                         ("base OS", facts.base_os), ("app port", facts.app_port), ("host port", facts.host_port)):
+        if value:
+            console.print(f"    {label:<10} {escape(str(value))}")
+    if facts.tools:
+        console.print(f"    {'tools':<10} {escape('; '.join(facts.tools))}")
+    db = facts.database
+    if db is not None:
+        console.print(f"    {'database':<10} {escape(' '.join(str(x) for x in (db.engine, db.version) if x))} at "
+                      f"{escape(str(db.host))}:{db.port}, db {escape(str(db.name))}, user {escape(str(db.user))}, "
+                      f"password {escape(str(db.password))}")
+    for svc in facts.services:
+        console.print(f"    {'service':<10} {escape(svc.name)} at {escape(str(svc.host))}:{svc.port}")
+    for u in facts.users:
+        who = ", ".join(f"{k} {v}" for k, v in (("username", u.username), ("email", u.email), ("password", u.password)) if v)
+        console.print(f"    {'user':<10} {escape(u.role)}: {escape(who)}")
+    if facts.env_vars:
+        console.print(f"    {'env vars':<10} {escape(', '.join(facts.env_vars))}")
 
 
 @tasks_app.command("import")
 def tasks_import(
-    path: Annotated[Path, typer.Argument(help="A public SaaSBench task folder (task_<id>/ with tasks/ and check/)", show_default=False)],
+    path: Annotated[str, typer.Argument(help="A public SaaSBench task folder (task_<id>/ with tasks/ and check/), or with "
+                                        "--dag the id of a task already in the catalogue", show_default=False)],
     dest: Annotated[Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing task folder")] = False,
+    dag: Annotated[Optional[Path], typer.Option("--dag", help="Use this DAG file (checked with the loader); with a "
+                                                "catalogue task id, attach it to that task")] = None,
 ) -> None:
-    """Import a task from the public SaaSBench layout into the catalogue as <dest>/<id>/.
+    """Import a task from the public SaaSBench layout into the catalogue as <dest>/<id>/, or attach a DAG.
 
-    Copies task.md, knowledge_base.json, dag.json (checked with the DAG loader) and the docker files (under environment/), and writes a task.yaml derived from them (title, database engine, app port). Review domain, stack and auth in task.yaml afterwards.
+    Copies what the folder has (task.md, knowledge_base.json, dag.json or dag_smoke.json, scoring_config.json, the docker files under environment/), reads prompt_for_model.md into the task's facts (product, container, tools, database, port, evaluation users) and writes task.yaml. What is missing is reported as readiness, not refused.
 
-    Example: saasbench tasks import ~/SaaSbench/eval/task_ubsmhopy --dest tasks/
+    Examples: saasbench tasks import ~/SaaSbench/eval/task_ubsmhopy --dest tasks/
+              saasbench tasks import ubsmhopy --dag ~/dags/ubsmhopy/dag.json
     """
-    from saasbench.tasks import TaskError, import_public_task
+    from saasbench.tasks import TaskError, attach_dag, import_public_task, load_task, readiness
 
+    console = _console()
+    folder = Path(path)
     try:
-        result = import_public_task(path, dest, overwrite=overwrite)
+        if dag is not None and not (folder / "check").is_dir() and not (folder / "tasks").is_dir():
+            task = load_task(path, dest)
+            warnings = attach_dag(task, dag)
+            console.print(f"[bold green]attached[/] {escape(str(dag))} to {escape(task.id)} ({len(warnings)} DAG warning(s))")
+            console.print(f"  readiness   {escape(readiness(task).status)}")
+            return
+        result = import_public_task(folder, dest, overwrite=overwrite, dag=dag)
     except TaskError as exc:
         raise _fail(str(exc)) from None
-    console = _console()
     console.print(f"[bold green]imported[/] {escape(result.task.id)} -> {escape(str(result.task.root))}")
     for w in result.warnings:
         console.print(f"  [yellow]note[/] {escape(w)}")
     if result.dag_warnings:
-        console.print(f"  DAG warnings {len(result.dag_warnings)}")
-        for w in result.dag_warnings:
-            console.print(f"    [yellow]-[/] {escape(w)}")
+        console.print(f"  DAG warnings {len(result.dag_warnings)} (saasbench dag check {escape(str(result.task.dag_path))})")
+    console.print(f"  readiness   {escape(readiness(result.task).status)}")
+
+
+@tasks_app.command("fetch")
+def tasks_fetch(
+    tasks: Annotated[Optional[list[str]], typer.Argument(help="Task ids (task_<id> or <id>); default: every task", show_default=False)] = None,
+    dest: Annotated[Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")] = None,
+    repo: Annotated[Optional[str], typer.Option("--repo", help="Git repository (URL or path); default the public SaaSBench repository")] = None,
+    commit: Annotated[Optional[str], typer.Option("--commit", help="Commit id to check out (pinned by default)")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", help="Dataset holding task.md and knowledge_base.json")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Dataset host; default $HF_ENDPOINT or https://huggingface.co")] = None,
+    revision: Annotated[str, typer.Option("--revision", help="Dataset revision")] = "main",
+    no_inputs: Annotated[bool, typer.Option("--no-inputs", help="Skip the PRD/KB downloads")] = False,
+    cache: Annotated[Optional[Path], typer.Option("--cache", help="Where the repository is checked out; default ~/.cache/saasbench/public")] = None,
+) -> None:
+    """Clone the public repository at a pinned commit, import its tasks, download their PRD and KB, report readiness.
+
+    Needs network (or --repo/--endpoint pointing at local copies). A task that fails is reported; the others go on. Exit 1 when any task failed.
+
+    Example: saasbench tasks fetch task_cqfnbfay task_jtbxfpny --dest tasks/
+    """
+    from saasbench import fetch as f
+    from saasbench.tasks import docker_client_or_none, load_task_dir, readiness
+
+    console = _console()
+    try:
+        with console.status("cloning the task repository and importing"):
+            results = f.fetch_tasks(tasks or None, repo=repo or f.DEFAULT_REPO, commit=commit or f.DEFAULT_COMMIT,
+                                    dataset=None if no_inputs else (dataset or f.DEFAULT_DATASET), endpoint=endpoint,
+                                    revision=revision, dest_root=dest, cache_dir=cache)
+    except f.FetchError as exc:
+        raise _fail(str(exc)) from None
+    client = docker_client_or_none()
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("task", "imported", "downloaded", "readiness", "errors"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        state = readiness(load_task_dir(Path(r.path)), docker_client=client).status if r.path else ""
+        table.add_row(escape(r.task), "yes" if r.imported else "[red]no[/]", " ".join(r.downloaded), escape(state),
+                      escape("; ".join(r.errors)))
+    console.print(table)
+    failed = [r for r in results if r.errors]
+    console.print(f"{len(results) - len(failed)} of {len(results)} task(s) fetched without errors")
+    if failed:
+        raise typer.Exit(EXIT_NOT_VALID)
+
+
+@tasks_app.command("images")
+def tasks_images(
+    task: Annotated[str, typer.Argument(help="Task id or folder", show_default=False)],
+    root: RootOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON")] = False,
+) -> None:
+    """Which images a task needs, which substitutes the image map applies, and which the Docker engine has.
+
+    Image maps: image-map.yaml in the task folder, environment.image_map in task.yaml, then $SAASBENCH_IMAGE_MAP or ~/.config/saasbench/image-map.yaml (see docs/tasks.md). Exit 1 when an image is absent, 2 when no engine answers.
+
+    Example: saasbench tasks images cqfnbfay
+    """
+    from saasbench.docker_env import env_spec_for_task
+    from saasbench.envspec import SpecError
+    from saasbench.imagemap import image_needs
+    from saasbench.tasks import docker_client_or_none
+
+    t = _load(task, root)
+    try:
+        spec = env_spec_for_task(t)
+    except SpecError as exc:
+        raise _fail(str(exc)) from None
+    client = docker_client_or_none()
+    needs = image_needs(spec, client)
+    if as_json:
+        typer.echo(json.dumps({"task": t.id, "engine": client is not None,
+                               "images": [n.model_dump(mode="json") for n in needs]}, indent=2))
+    else:
+        console = _console()
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("service", "declared", "runs", "present"):
+            table.add_column(col, overflow="fold")
+        for n in needs:
+            present = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]-[/]"}[n.available]
+            table.add_row(escape(n.service), escape(n.declared), escape(n.image or "(built)"), present)
+        console.print(table)
+        if client is None:
+            console.print("[yellow]no Docker engine answered: availability not checked[/]")
+    if client is None:
+        raise typer.Exit(EXIT_CANNOT_RUN)
+    if any(n.available is False for n in needs):
+        raise typer.Exit(EXIT_NOT_VALID)
 
 
 _SHORT = {"PASSED": "pass", "FAILED": "FAIL", "ERROR": "ERR", "SKIPPED_DEPENDENCY": "dep", "SKIPPED_LLM": "llm",

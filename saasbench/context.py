@@ -32,6 +32,8 @@ class Target:
     # --exec local:DIR / docker:CONTAINER); it wins over ``environment`` for P12/P21
     exec_target: Any = None
     exec_env: dict[str, str] = field(default_factory=dict)  # variables every P12/P21 command gets
+    # absolute URLs on these origins (the app's address on the benchmark's own machine) go to base_url
+    origin_aliases: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -137,7 +139,8 @@ class RunContext:
 
             if not self.target.base_url:
                 raise RuntimeError("no base URL: this primitive needs --base-url")
-            self._http = HttpClient(self.target.base_url, max_bytes=self.options.max_response_bytes, timeout_s=self.options.http_timeout_s)
+            self._http = HttpClient(self.target.base_url, max_bytes=self.options.max_response_bytes,
+                                    timeout_s=self.options.http_timeout_s, origin_aliases=self.target.origin_aliases)
         return self._http
 
     def start_node_clock(self, seconds: float) -> None:

@@ -44,6 +44,7 @@ import os
 import posixpath
 import queue
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -114,17 +115,34 @@ def _safe_name(text: str) -> str:
     return out if out[0].isalnum() else "x" + out
 
 
+def compose_variables(task: Task) -> dict[str, str]:
+    """Variables for the task's compose file: ``environment.variables`` (literal values), plus a fresh
+    random value per call for each name in ``environment.secrets`` (secrets the upstream recipe says
+    to generate, e.g. with ``openssl rand -hex 32``; one environment = one call, so its services agree)."""
+    block = task.spec.environment or {}
+    out = {str(k): str(v) for k, v in (block.get("variables") or {}).items()}
+    for name in block.get("secrets") or []:
+        out.setdefault(str(name), secrets.token_hex(32))
+    return out
+
+
 def env_spec_for_task(task: Task, *, image: str = DEFAULT_IMAGE) -> EnvSpec:
     """The task's environment: ``environment.compose`` (a compose file in the task folder),
     ``environment.services`` as a mapping (an inline :class:`EnvSpec`), or else one ``app``
-    service on ``image`` with the workspace at ``/app``."""
+    service on ``image`` with the workspace at ``/app``; then the image map is applied
+    (:mod:`saasbench.imagemap`)."""
+    from saasbench.imagemap import apply_image_map, image_map_for
+
     block = task.spec.environment or {}
     if block.get("compose"):
-        return import_compose(task.root / str(block["compose"]), app_service=block.get("app_service"))
-    if isinstance(block.get("services"), dict):
+        spec = import_compose(task.root / str(block["compose"]), app_service=block.get("app_service"),
+                              variables=compose_variables(task))
+    elif isinstance(block.get("services"), dict):
         data = {k: v for k, v in block.items() if k in ("services", "app_service")}
-        return EnvSpec.model_validate({**data, "base_dir": str(task.root)})
-    return EnvSpec(services={"app": ServiceSpec(image=image)})
+        spec = EnvSpec.model_validate({**data, "base_dir": str(task.root)})
+    else:
+        return EnvSpec(services={"app": ServiceSpec(image=image)})
+    return apply_image_map(spec, image_map_for(task))
 
 
 # --- host proxy into a container's network namespace ----------------------------------------------
@@ -469,6 +487,7 @@ class DockerEnvironment(HostFolderFiles, Environment):
 
     def _run_service(self, api: Any, name: str, svc: ServiceSpec, image: str) -> Any:
         import docker.errors
+        import docker.types
 
         env: dict[str, str] = {}
         for f in svc.env_file:
@@ -493,20 +512,27 @@ class DockerEnvironment(HostFolderFiles, Environment):
                 binds[vol] = {"bind": v.target, "mode": mode}
         if svc.init_sql:
             src = self.spec.path(svc.init_sql)
-            binds[str(src.resolve())] = {"bind": f"/docker-entrypoint-initdb.d/{src.name}", "mode": "ro"}
+            binds[str(src.resolve())] = {"bind": svc.init_sql_target or f"/docker-entrypoint-initdb.d/{src.name}", "mode": "ro"}
         command = svc.command
-        if command is None and name == self.app_name:
+        if command is None and svc.entrypoint is None and name == self.app_name:
             command = KEEP_ALIVE
         elif isinstance(command, str):
             command = shlex.split(command)  # as compose does: words, no shell
-        host_config = api.create_host_config(binds=binds, init=True, network_mode=self._network)
-        net_config = api.create_networking_config({self._network: api.create_endpoint_config(aliases=[name])})
-        workdir = svc.workspace_target()
+        entrypoint = shlex.split(svc.entrypoint) if isinstance(svc.entrypoint, str) else svc.entrypoint
+        if entrypoint == []:  # compose's `entrypoint: []` / "" clears the image's entrypoint, as `--entrypoint ""` does
+            entrypoint = [""]
+        host_config = api.create_host_config(
+            binds=binds, init=True, network_mode=self._network, dns=svc.dns or None, extra_hosts=svc.extra_hosts or None,
+            ulimits=[docker.types.Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in svc.ulimits.items()] or None,
+            shm_size=svc.shm_size)
+        net_config = api.create_networking_config({self._network: api.create_endpoint_config(aliases=[name, *svc.aliases])})
+        workdir = svc.working_dir or svc.workspace_target()
         try:
             created = api.create_container(
-                image, command=command, name=f"saasbench-{self.trial_id}-{_safe_name(name)}", hostname=_safe_name(name)[:63],
-                environment=env, labels=self.labels(name), host_config=host_config, networking_config=net_config,
-                working_dir=workdir, detach=True)
+                image, command=command, entrypoint=entrypoint, name=f"saasbench-{self.trial_id}-{_safe_name(name)}",
+                hostname=(svc.hostname or _safe_name(name))[:63], user=svc.user, stdin_open=svc.stdin_open, tty=svc.tty,
+                environment=env, labels={**svc.labels, **self.labels(name)}, host_config=host_config,
+                networking_config=net_config, working_dir=workdir, detach=True)
             api.start(created["Id"])
         except docker.errors.APIError as exc:
             raise EnvError(f"service {name!r}: cannot start a container from {image}: {exc}") from exc

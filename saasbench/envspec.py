@@ -17,6 +17,7 @@ Variables (``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``$VAR``, ``$$``
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -41,12 +42,33 @@ __all__ = [
 WORKSPACE = "workspace"  # VolumeSpec.source that means "the trial's workspace"
 DEFAULT_WORKSPACE_TARGET = "/app"
 
-SERVICE_KEYS = {"image", "build", "container_name", "environment", "env_file", "ports", "volumes", "depends_on",
-                "healthcheck", "command", "restart", "networks"}
-IGNORED_SERVICE_KEYS = {"container_name", "restart", "networks"}
+# How each compose key is treated. The file is first validated against the published compose
+# specification (its JSON schema, vendored by check-jsonschema); then every key is either applied,
+# ignored with a reason (recorded in EnvSpec.ignored), or rejected (it would change what a trial
+# does and this backend cannot do it), so no setting is ever dropped silently.
+APPLIED_SERVICE_KEYS = {"image", "build", "environment", "env_file", "ports", "expose", "volumes", "depends_on",
+                        "healthcheck", "command", "entrypoint", "working_dir", "user", "dns", "extra_hosts",
+                        "stdin_open", "tty", "ulimits", "shm_size", "hostname", "labels"}
+IGNORED_SERVICE_KEYS = {
+    "container_name": "names are per trial, so two trials of one task never clash",
+    "restart": "a trial's containers live as long as the trial; the harness watches them instead",
+    "networks": "every trial gets one private network; services reach each other by service name and their aliases",
+    "pull_policy": "trials never pull during a run; images come from the engine or the image map",
+    "platform": "the engine's own platform is used",
+    "logging": "the harness captures container logs itself",
+    "init": "every trial container runs with an init process",
+    "stop_grace_period": "trial teardown removes containers forcefully",
+    "deploy": "Swarm deployment settings do not apply to one-host trials",
+}
+SERVICE_KEYS = APPLIED_SERVICE_KEYS | set(IGNORED_SERVICE_KEYS)
 TOP_KEYS = {"services", "volumes", "networks", "version", "name"}
+IGNORED_TOP_KEYS = {
+    "version": "obsolete in the compose specification",
+    "name": "project names are per trial",
+    "networks": "every trial gets one private network",
+}
 BUILD_KEYS = {"context", "dockerfile", "args"}
-HEALTH_KEYS = {"test", "interval", "timeout", "retries", "start_period", "disable"}
+HEALTH_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval", "disable"}
 
 
 class SpecError(ValueError):
@@ -114,6 +136,23 @@ class ServiceSpec(_Strict):
     command: list[str] | str | None = Field(default=None, description="Overrides the image's CMD; a string is split into words "
                                                  "like compose does (no shell)")
     init_sql: str | None = Field(default=None, description="SQL file (relative to base_dir) mounted into /docker-entrypoint-initdb.d/")
+    init_sql_target: str | None = Field(default=None, description="Where init_sql is mounted (the compose target; its "
+                                        "name orders the init scripts); default /docker-entrypoint-initdb.d/<file name>")
+    aliases: list[str] = Field(default_factory=list, description="More host names of the service on the trial network "
+                               "(compose networks.<net>.aliases); the service name always resolves")
+    entrypoint: list[str] | str | None = Field(default=None, description="Overrides the image's ENTRYPOINT (a string is "
+                                               "split into words, no shell)")
+    working_dir: str | None = Field(default=None, description="Working directory of the main process and of exec "
+                                    "(default: the workspace mount)")
+    user: str | None = None
+    hostname: str | None = None
+    dns: list[str] = Field(default_factory=list, description="DNS servers of the container")
+    extra_hosts: dict[str, str] = Field(default_factory=dict, description="host name -> address lines in /etc/hosts")
+    stdin_open: bool = False
+    tty: bool = False
+    ulimits: dict[str, tuple[int, int]] = Field(default_factory=dict, description="name -> (soft, hard)")
+    shm_size: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
     container_name: str | None = Field(default=None, description="Recorded from compose, never used (names are per trial)")
 
     @field_validator("depends_on", mode="before")
@@ -148,7 +187,12 @@ class EnvSpec(_Strict):
     app_service: str | None = Field(default=None, description="The service holding the workspace where exec runs; "
                                     "default: the one mounting the workspace, else 'app', else the only service")
     base_dir: str | None = Field(default=None, description="Folder relative paths (build, env_file, bind mounts) are resolved in")
-    ignored: list[str] = Field(default_factory=list, description="Compose settings accepted but not applied")
+    ignored: list[str] = Field(default_factory=list, description="Compose settings accepted but not applied, each with why")
+    warnings: list[str] = Field(default_factory=list, description="What the import could not honour (e.g. a missing env_file)")
+    substitutions: dict[str, str] = Field(default_factory=dict, description="service -> 'declared -> used' image "
+                                          "swaps made by an image map (saasbench.imagemap)")
+    missing_variables: dict[str, str] = Field(default_factory=dict, description="Variables used without a value or "
+                                              "default (only from a non-strict import): name -> where and why")
 
     @model_validator(mode="after")
     def _check(self) -> EnvSpec:
@@ -265,11 +309,13 @@ def read_env_file(path: Path) -> dict[str, str]:
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
-def _interpolate(value: Any, variables: dict[str, str], where: str) -> Any:
+def _interpolate(value: Any, variables: dict[str, str], where: str, missing: dict[str, str] | None = None) -> Any:
+    """Substitute compose variables. An unset variable without a default raises :class:`SpecError`,
+    unless ``missing`` is a dict: then it becomes "" and ``missing[name]`` says where and why."""
     if isinstance(value, dict):
-        return {k: _interpolate(v, variables, f"{where}.{k}") for k, v in value.items()}
+        return {k: _interpolate(v, variables, f"{where}.{k}", missing) for k, v in value.items()}
     if isinstance(value, list):
-        return [_interpolate(v, variables, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_interpolate(v, variables, f"{where}[{i}]", missing) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
@@ -285,10 +331,16 @@ def _interpolate(value: Any, variables: dict[str, str], where: str) -> Any:
             return current
         if op in (":?", "?"):
             if current is None or (op == ":?" and current == ""):
-                raise SpecError(f"{where}: variable {name} is required: {arg}")
+                if missing is None:
+                    raise SpecError(f"{where}: variable {name} is required: {arg}")
+                missing.setdefault(name, f"{where}: required ({arg})" if arg else f"{where}: required")
+                return ""
             return current
         if current is None:
-            raise SpecError(f"{where}: variable {name} is not set (in .env or variables) and has no default")
+            if missing is None:
+                raise SpecError(f"{where}: variable {name} is not set (in .env or variables) and has no default")
+            missing.setdefault(name, f"{where}: not set and no default")
+            return ""
         return current
 
     return _VAR.sub(sub, value)
@@ -334,48 +386,138 @@ def _parse_volume(item: Any, where: str, named: set[str]) -> VolumeSpec:
 
 
 def _check_keys(data: dict, allowed: set[str], where: str) -> None:
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted(k for k in set(data) - allowed if not str(k).startswith("x-"))
     if unknown:
         raise SpecError(f"{where}: unsupported compose key {unknown[0]!r}"
                         + (f" (also {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else "")
                         + f"; supported: {', '.join(sorted(allowed))}")
 
 
-def import_compose(path: str | Path, *, variables: dict[str, str] | None = None, app_service: str | None = None) -> EnvSpec:
+_SCHEMA: dict[str, Any] | None = None
+
+
+def compose_schema() -> dict[str, Any]:
+    """The published compose specification's JSON schema, as vendored (and kept current) by check-jsonschema."""
+    global _SCHEMA
+    if _SCHEMA is None:
+        import json
+        from importlib import resources
+
+        text = resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text("utf-8")
+        _SCHEMA = json.loads(text)
+    return _SCHEMA
+
+
+def validate_compose(data: Any, where: str) -> None:
+    """Raise :class:`SpecError` listing (up to five) places where ``data`` breaks the compose specification."""
+    import jsonschema
+
+    schema = compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        shown = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message[:200]}" for e in errors[:5])
+        raise SpecError(f"{where}: not a valid compose file (compose specification): {shown}"
+                        + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+
+
+def _words(value: Any) -> list[str] | str | None:
+    return value if isinstance(value, (list, str)) or value is None else str(value)
+
+
+def _bool(value: Any, where: str) -> bool:
+    """A compose boolean: true/false, or (after interpolation) a string such as "true", "no", "1"."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "y", "on", "1"):
+        return True
+    if text in ("false", "no", "n", "off", "0", ""):
+        return False
+    raise SpecError(f"{where}: not a boolean: {value!r}")
+
+
+def _ulimits(value: Any, where: str) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for name, limit in (value or {}).items():
+        if isinstance(limit, dict):
+            out[str(name)] = (int(limit["soft"]), int(limit["hard"]))
+        else:
+            out[str(name)] = (int(limit), int(limit))
+    return out
+
+
+def _extra_hosts(value: Any) -> dict[str, str]:
+    if isinstance(value, dict):
+        return {str(k): str(v[0] if isinstance(v, list) else v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    for item in value or []:
+        text = str(item)
+        sep = "=" if "=" in text else ":"
+        host, _, addr = text.partition(sep)
+        out[host] = addr
+    return out
+
+
+def _env_files(value: Any, where: str, base: Path, warnings: list[str]) -> list[str]:
+    """The env files that exist; a missing required one is a warning (the trial starts without its variables)."""
+    out: list[str] = []
+    for f in value if isinstance(value, list) else [value]:
+        rel, required = (str(f["path"]), bool(f.get("required", True))) if isinstance(f, dict) else (str(f), True)
+        if (base / rel).is_file():
+            out.append(rel)
+        elif required:
+            warnings.append(f"{where}.env_file: {rel} does not exist next to the compose file; the service starts "
+                            "without its variables (create it before running trials)")
+    return out
+
+
+def import_compose(path: str | Path, *, variables: dict[str, str] | None = None, app_service: str | None = None,
+                   strict: bool = True) -> EnvSpec:
     """Read a ``docker-compose.yml`` into an :class:`EnvSpec`.
 
-    ``variables`` override the ``.env`` next to the file. ``./workspace`` bind mounts become the
-    trial's workspace; other relative bind mounts stay relative to the compose folder (a ``*.sql``
-    mounted into ``/docker-entrypoint-initdb.d`` becomes ``init_sql``). Raises :class:`SpecError`
-    naming the first unsupported key, an unset variable, or a malformed value.
+    The file is validated against the compose specification's JSON schema, YAML anchors and
+    merge keys are resolved by the YAML reader, and top-level ``x-`` extension fields are dropped
+    after that. ``variables`` override the ``.env`` next to the file. ``./workspace`` bind mounts
+    become the trial's workspace; other relative bind mounts stay relative to the compose folder
+    (a ``*.sql`` mounted into ``/docker-entrypoint-initdb.d`` becomes ``init_sql``). Keys that do
+    not matter for a trial are listed in ``ignored`` with a reason; a missing ``env_file`` is a
+    warning in ``warnings``. Raises :class:`SpecError` naming an invalid value, a key this backend
+    cannot honour, or (when ``strict``) an unset variable without a default; without ``strict``
+    such variables become "" and are listed in ``missing_variables`` (what ``tasks import`` uses
+    to tell which variables a task must be given).
     """
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
         raise SpecError(f"{path}: no services: mapping")
+    validate_compose(data, str(path))
+    ignored: list[str] = [f"{k} (top level): {IGNORED_TOP_KEYS[k]}" for k in IGNORED_TOP_KEYS if data.get(k)]
+    ignored += [f"{k} (top level): extension field, used through YAML anchors only" for k in data if str(k).startswith("x-")]
     _check_keys(data, TOP_KEYS, path.name)
+    warnings: list[str] = []
     env_vars: dict[str, str] = {}
     dotenv = path.parent / ".env"
     if dotenv.is_file():
         env_vars.update(read_env_file(dotenv))
     env_vars.update(variables or {})
-    ignored: list[str] = []
-    if data.get("networks"):
-        ignored.append("networks (top level): every trial gets one private network")
     named = set((data.get("volumes") or {}).keys())
+    missing: dict[str, str] | None = None if strict else {}
     services: dict[str, Any] = {}
     for name, raw in data["services"].items():
         where = f"{path.name}: services.{name}"
         if not isinstance(raw, dict):
             raise SpecError(f"{where}: not a mapping")
         _check_keys(raw, SERVICE_KEYS, where)
-        svc = _interpolate(raw, env_vars, where)
+        svc = _interpolate({k: v for k, v in raw.items() if not str(k).startswith("x-")}, env_vars, where, missing)
         out: dict[str, Any] = {}
-        for key in IGNORED_SERVICE_KEYS & set(svc):
-            ignored.append(f"services.{name}.{key}")
+        for key in sorted(set(IGNORED_SERVICE_KEYS) & set(svc)):
+            ignored.append(f"services.{name}.{key}: {IGNORED_SERVICE_KEYS[key]}")
         if "container_name" in svc:
             out["container_name"] = str(svc["container_name"])
         if "image" in svc:
@@ -384,33 +526,34 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
             b = svc["build"]
             if isinstance(b, str):
                 out["build"] = {"context": b}
-            elif isinstance(b, dict):
+            else:
                 _check_keys(b, BUILD_KEYS, f"{where}.build")
                 out["build"] = {"context": str(b.get("context", ".")), "dockerfile": str(b.get("dockerfile", "Dockerfile")),
                                 "args": _env_mapping(b.get("args"))}
-            else:
-                raise SpecError(f"{where}.build: expected a path or a mapping")
             if "image" in out:
                 ignored.append(f"services.{name}.image ({out.pop('image')}): built locally instead")
         out["environment"] = svc.get("environment")
         if "env_file" in svc:
-            files = svc["env_file"] if isinstance(svc["env_file"], list) else [svc["env_file"]]
-            out["env_file"] = [str(f["path"] if isinstance(f, dict) else f) for f in files]
-            for f in out["env_file"]:
-                if not (path.parent / f).is_file():
-                    raise SpecError(f"{where}.env_file: {f} does not exist next to {path.name}")
+            out["env_file"] = _env_files(svc["env_file"], where, path.parent, warnings)
         ports = [_parse_port(p, f"{where}.ports") for p in svc.get("ports") or []]
         if ports:
-            out["ports"] = ports
-            ignored.append(f"services.{name}.ports host side (reached on the trial network instead)")
+            ignored.append(f"services.{name}.ports host side: published ports would clash between trials; "
+                           "the service is reached on the trial network instead")
+        ports += [_parse_port(p, f"{where}.expose") for p in svc.get("expose") or []]
+        if ports:
+            out["ports"] = list(dict.fromkeys(ports))
         vols = [_parse_volume(v, f"{where}.volumes", named) for v in svc.get("volumes") or []]
         keep = []
         for v in vols:
             if v.kind == "bind" and v.source.endswith(".sql") and v.target.startswith("/docker-entrypoint-initdb.d"):
-                out["init_sql"] = v.source
+                out["init_sql"], out["init_sql_target"] = v.source, v.target
             else:
                 keep.append(v)
         out["volumes"] = keep
+        for v in vols:
+            if v.kind == "bind" and not (path.parent / os.path.expanduser(v.source)).exists():
+                warnings.append(f"{where}.volumes: bind mount source {v.source} does not exist next to the compose file "
+                                "(not shipped?); the service cannot start without it")
         if "healthcheck" in svc:
             h = svc["healthcheck"] or {}
             _check_keys(h, HEALTH_KEYS, f"{where}.healthcheck")
@@ -421,22 +564,36 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
                         hc[key] = parse_duration(h[key])
                 if "retries" in h:
                     hc["retries"] = int(h["retries"])
-                if hc["test"] in (None, ["NONE"]):
-                    pass
-                else:
+                if hc["test"] not in (None, ["NONE"]):
                     out["healthcheck"] = hc
         if "depends_on" in svc:
             deps = svc["depends_on"]
             if isinstance(deps, dict):
-                for dep, cond in deps.items():
-                    if isinstance(cond, dict):
-                        _check_keys(cond, {"condition", "restart", "required"}, f"{where}.depends_on.{dep}")
                 deps = {d: {"condition": (c or {}).get("condition", "service_started")} for d, c in deps.items()}
             out["depends_on"] = deps
-        if "command" in svc:
-            out["command"] = svc["command"] if isinstance(svc["command"], (list, str)) else str(svc["command"])
+        for key in ("command", "entrypoint"):
+            if key in svc:
+                out[key] = _words(svc[key])
+        for key in ("working_dir", "user", "hostname", "shm_size"):
+            if svc.get(key) is not None:
+                out[key] = str(svc[key])
+        if "dns" in svc:
+            out["dns"] = [str(d) for d in (svc["dns"] if isinstance(svc["dns"], list) else [svc["dns"]])]
+        if "extra_hosts" in svc:
+            out["extra_hosts"] = _extra_hosts(svc["extra_hosts"])
+        for key in ("stdin_open", "tty"):
+            if key in svc:
+                out[key] = _bool(svc[key], f"{where}.{key}")
+        if "ulimits" in svc:
+            out["ulimits"] = _ulimits(svc["ulimits"], f"{where}.ulimits")
+        if "labels" in svc:
+            out["labels"] = _env_mapping(svc["labels"])
+        if isinstance(svc.get("networks"), dict):  # one trial network, but the host names a task relies on stay
+            out["aliases"] = list(dict.fromkeys(str(a) for net in svc["networks"].values() if isinstance(net, dict)
+                                                for a in net.get("aliases") or [] if str(a) != name))
         services[name] = out
     try:
-        return EnvSpec(services=services, app_service=app_service, base_dir=str(path.parent.resolve()), ignored=ignored)
+        return EnvSpec(services=services, app_service=app_service, base_dir=str(path.parent.resolve()), ignored=ignored,
+                       warnings=warnings, missing_variables=missing or {})
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None

@@ -9,6 +9,7 @@ valid JSON (never evaluated).
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,8 +77,12 @@ class HttpResponse:
 
 
 class HttpClient:
-    def __init__(self, base_url: str, *, max_bytes: int = DEFAULT_MAX_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, base_url: str, *, max_bytes: int = DEFAULT_MAX_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 origin_aliases: list[str] | tuple[str, ...] = ()):
         self.base_url = base_url.rstrip("/") + "/"
+        # Origins that mean "the app" in a DAG written for another machine (http://localhost:8021 on the
+        # benchmark's host): absolute URLs on them are sent to base_url instead.
+        self.origin_aliases = {a.rstrip("/").lower() for a in origin_aliases}
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self._client = httpx.Client(
@@ -89,6 +94,9 @@ class HttpClient:
 
     def url(self, path: str) -> str:
         if path.startswith(("http://", "https://")):
+            m = re.match(r"(https?://[^/?#]+)(.*)", path, re.S)
+            if m and m.group(1).lower() in self.origin_aliases:
+                return urljoin(self.base_url, m.group(2).lstrip("/"))
             return path
         return urljoin(self.base_url, path.lstrip("/"))
 

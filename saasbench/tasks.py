@@ -28,11 +28,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from saasbench.auth import AuthProfile
+from saasbench.prompt_facts import PromptFacts
 
 TASK_FILE = "task.yaml"
 PRD_FILE = "task.md"
 KB_FILE = "knowledge_base.json"
 DAG_FILE = "dag.json"
+MAX_PROMPT_CHARS = 1_000_000  # prompt_for_model.md is read up to this many characters
 
 Domain = Literal["CG", "PC", "CF", "DCI", "SI", "DW"]
 
@@ -99,6 +101,9 @@ class TaskSpec(_Open):
     exec_env_file: str | None = Field(
         default=None, description="K=V / export K=V file (relative to the task folder, confined to it) for P12/P21 commands; "
         "$VAR expands against earlier lines and the environment's variables; parsed, never run")
+    facts: PromptFacts | None = Field(
+        default=None, description="Facts the agent is told (product, container, workdir, tools, database, ports, evaluation "
+        "users), read from the public prompt_for_model.md at import; the prompt is built from them")
     prd: str = Field(default=PRD_FILE, description="PRD file, relative to the task folder")
     knowledge_base: str = Field(default=KB_FILE, description="Knowledge base file, relative to the task folder")
     dag: str = Field(default=DAG_FILE, description="Validation DAG file, relative to the task folder")
@@ -172,6 +177,15 @@ class Task:
             return None
         path = (self.root / self.spec.reference.source).resolve()
         return path if path.is_dir() else None
+
+    @property
+    def app_origins(self) -> list[str]:
+        """Where DAGs written for the benchmark's machine reach this task's app (``http://localhost:<port>``,
+        ``http://127.0.0.1:<port>``, for the published host port and the app port)."""
+        ports = {self.spec.app.port}
+        if self.spec.facts is not None:
+            ports |= {p for p in (self.spec.facts.host_port, self.spec.facts.app_port) if p}
+        return [f"http://{host}:{port}" for port in sorted(ports) for host in ("localhost", "127.0.0.1")]
 
     @property
     def environment_dir(self) -> Path:
@@ -380,9 +394,8 @@ def _compose_facts(compose: Path, warnings: list[str]) -> dict[str, Any]:
     app_name = "app" if "app" in services else next((n for n in services if "app" in n), None)
     if app_name and isinstance(services[app_name], dict):
         ports = _ports(services[app_name].get("ports"))
-        if ports:
-            host, container = ports[0]
-            facts["app_port"] = host or container
+        if ports:  # the port inside the container (AppSpec.port); the host side is the benchmark machine's
+            facts["app_port"] = ports[0][1]
     return facts
 
 
@@ -397,20 +410,73 @@ def _dotenv_port(path: Path) -> int | None:
     return None
 
 
-def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, overwrite: bool = False) -> ImportResult:
+def _find_public_dirs(src: Path, public_id: str, warnings: list[str]) -> tuple[Path | None, Path | None, Path | None]:
+    """(tasks/task_<id>, check/task_<id>, check/task_<id>_e/evaluate) of a public task folder, each None when absent."""
+    inner = src / "tasks" / public_id
+    if not inner.is_dir():
+        inner = _one(sorted(p for p in (src / "tasks").glob("task_*") if p.is_dir()), "tasks/task_* folders", warnings) \
+            if (src / "tasks").is_dir() else None
+    check = src / "check" / public_id
+    if not check.is_dir():
+        check = _one(sorted(p for p in (src / "check").glob("task_*") if p.is_dir() and not p.name.endswith("_e")),
+                     "check/task_* folders", warnings) if (src / "check").is_dir() else None
+    evaluate = src / "check" / f"{public_id}_e" / "evaluate"
+    if not evaluate.is_dir():
+        evaluate = _one(sorted(p for p in (src / "check").glob("*_e/evaluate") if p.is_dir()), "check/*_e/evaluate folders",
+                        warnings) if (src / "check").is_dir() else None
+    return inner, check, evaluate
+
+
+def _pick_dag(evaluate: Path | None, dag: Path | None, warnings: list[str]) -> Path | None:
+    if dag is not None:
+        if not Path(dag).is_file():
+            raise TaskError(f"{dag}: no such DAG file")
+        return Path(dag)
+    if evaluate is None:
+        return None
+    if (evaluate / DAG_FILE).is_file():
+        return evaluate / DAG_FILE
+    if (evaluate / "dag_smoke.json").is_file():
+        warnings.append("no dag.json; imported dag_smoke.json (a subset of the benchmark's nodes)")
+        return evaluate / "dag_smoke.json"
+    warnings.append("no dag.json in check/*_e/evaluate (the repository's large DAGs are not always shipped); "
+                    "attach one with `saasbench tasks import --dag FILE` or place it as dag.json")
+    return None
+
+
+def _users_profile(facts: Any) -> dict[str, Any] | None:
+    """The evaluation users of the prompt as an auth profile (role -> credentials); schemes come from the DAG."""
+    users: dict[str, dict[str, Any]] = {}
+    for user in facts.users:
+        base = re.sub(r"[^a-z0-9_]+", "_", (user.role or "user").lower()).strip("_") or "user"
+        role, n = base, 2
+        while role in users:
+            role, n = f"{base}{n}", n + 1
+        fields = {k: v for k, v in (("username", user.username), ("email", user.email), ("password", user.password),
+                                    ("name", user.name)) if v}
+        fields.update({k: v for k, v in user.extra.items() if k not in fields})
+        users[role] = fields
+    return {"users": users, "default_role": next(iter(users))} if users else None
+
+
+def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, overwrite: bool = False,
+                       dag: str | Path | None = None) -> ImportResult:
     """Import one public SaaSBench task folder (``task_<id>/``) as ``<dest_root>/<id>/``.
 
-    Reads ``tasks/task_<id>/task/task.md``, ``tasks/task_<id>/kb/knowledge_base.json``,
-    ``tasks/task_<id>/docker/`` and ``check/task_<id>_e/evaluate/dag.json`` (``dag_smoke.json``
-    when there is no ``dag.json``, with a warning); writes ``task.md``, ``knowledge_base.json``,
-    ``dag.json`` (+ ``scoring_config.json``), ``environment/`` (the docker files, without the
-    ``workspace/`` folder) and a derived ``task.yaml``. The PRD and KB are not in the public git
-    repository (they are downloaded separately), so their absence is a warning, not an error.
+    Reads what is there and records what is not: ``tasks/task_<id>/task/task.md`` and
+    ``kb/knowledge_base.json`` (published separately, so often absent), ``tasks/task_<id>/docker/``
+    (compose file mapped with :func:`saasbench.envspec.import_compose`), ``check/task_<id>/
+    prompt_for_model.md`` (parsed into :class:`saasbench.prompt_facts.PromptFacts`: product,
+    container, workdir, tools, database, app port, evaluation users) and
+    ``check/task_<id>_e/evaluate/dag.json`` (``dag_smoke.json`` when there is none, or ``dag``).
+    Writes the files it found and a derived ``task.yaml``; :func:`readiness` tells what is missing.
 
-    Raises :class:`TaskError` when ``src`` does not have that layout, the DAG does not load
-    (every error listed), or the destination exists and ``overwrite`` is false.
+    Raises :class:`TaskError` when ``src`` is not a public task folder, the DAG does not load
+    (every error listed; nothing is written), or the destination exists and ``overwrite`` is false.
     """
     from saasbench.dag import DagLoadError, load_dag
+    from saasbench.envspec import SpecError, import_compose
+    from saasbench.prompt_facts import parse_prompt_for_model
 
     src = Path(src).resolve()
     if not src.is_dir():
@@ -419,28 +485,26 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
     task_id = m.group(1) if m else src.name
     public_id = f"task_{task_id}"
     warnings: list[str] = []
-    inner = src / "tasks" / public_id
-    if not inner.is_dir():
-        inner = _one(sorted(p for p in (src / "tasks").glob("task_*") if p.is_dir()), "tasks/task_* folders", warnings) \
-            if (src / "tasks").is_dir() else None
-    evaluate = src / "check" / f"{public_id}_e" / "evaluate"
-    if not evaluate.is_dir():
-        evaluate = _one(sorted(p for p in (src / "check").glob("*_e/evaluate") if p.is_dir()), "check/*_e/evaluate folders",
-                        warnings) if (src / "check").is_dir() else None
-    if evaluate is None:
-        raise TaskError(f"{src}: not a public SaaSBench task folder (expected check/{public_id}_e/evaluate/dag.json)")
-    dag_src = evaluate / DAG_FILE
-    if not dag_src.is_file():
-        smoke = evaluate / "dag_smoke.json"
-        if not smoke.is_file():
-            raise TaskError(f"{evaluate}: no dag.json (nor dag_smoke.json)")
-        warnings.append("no dag.json; imported dag_smoke.json (a subset of the benchmark's nodes)")
-        dag_src = smoke
-    try:
-        loaded = load_dag(dag_src)
-    except DagLoadError as exc:
-        raise TaskError(f"{dag_src}: DAG does not load: " + "; ".join(str(i) for i in exc.issues[:10])
-                        + (f" (+{len(exc.issues) - 10} more)" if len(exc.issues) > 10 else "")) from None
+    inner, check, evaluate = _find_public_dirs(src, public_id, warnings)
+    if inner is None and evaluate is None:
+        raise TaskError(f"{src}: not a public SaaSBench task folder (expected tasks/{public_id}/ and check/{public_id}_e/evaluate/)")
+    dag_src = _pick_dag(evaluate, Path(dag) if dag is not None else None, warnings)
+    loaded = None
+    if dag_src is not None:
+        try:
+            loaded = load_dag(dag_src)
+        except DagLoadError as exc:
+            raise TaskError(f"{dag_src}: DAG does not load: " + "; ".join(str(i) for i in exc.issues[:10])
+                            + (f" (+{len(exc.issues) - 10} more)" if len(exc.issues) > 10 else "")) from None
+
+    prompt = check / "prompt_for_model.md" if check is not None else None
+    facts = None
+    if prompt is not None and prompt.is_file():
+        with prompt.open(encoding="utf-8", errors="replace") as fh:  # real prompts are ~10 KB; a huge file is capped
+            facts = parse_prompt_for_model(fh.read(MAX_PROMPT_CHARS), source=str(prompt))
+        warnings += [f"prompt_for_model.md: {w}" for w in facts.warnings]
+    else:
+        warnings.append("no check/task_*/prompt_for_model.md: product, container, users and tools unknown")
 
     dest_root = Path(dest_root) if dest_root is not None else tasks_root()
     dest = dest_root / task_id
@@ -450,17 +514,17 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
 
-    shutil.copy2(dag_src, dest / DAG_FILE)
-    if (evaluate / "scoring_config.json").is_file():
+    if dag_src is not None:
+        shutil.copy2(dag_src, dest / DAG_FILE)
+    if evaluate is not None and (evaluate / "scoring_config.json").is_file():
         shutil.copy2(evaluate / "scoring_config.json", dest / "scoring_config.json")
-
     title = None
     prd = inner / "task" / PRD_FILE if inner is not None else None
     if prd is not None and prd.is_file():
         shutil.copy2(prd, dest / PRD_FILE)
         title = _first_heading(prd.read_text(encoding="utf-8", errors="replace"))
     else:
-        warnings.append("no task/task.md (the PRD is published separately); add task.md before running agents")
+        warnings.append("no task/task.md (the PRD is published separately: `saasbench tasks fetch` downloads it)")
     kb = inner / "kb" / KB_FILE if inner is not None else None
     if kb is not None and kb.is_file():
         try:
@@ -469,48 +533,172 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
             warnings.append(f"knowledge base does not match {{id, question, answer, source_reference, confidence}}: {exc}")
         shutil.copy2(kb, dest / KB_FILE)
     else:
-        warnings.append("no kb/knowledge_base.json (published separately)")
-    prompt = src / "check" / public_id / "prompt_for_model.md"
-    if prompt.is_file():
+        warnings.append("no kb/knowledge_base.json (published separately: `saasbench tasks fetch` downloads it)")
+    if prompt is not None and prompt.is_file():
         shutil.copy2(prompt, dest / "prompt_for_model.md")
-        title = title or _first_heading(prompt.read_text(encoding="utf-8", errors="replace"))
+        title = (facts.product if facts is not None else None) or title \
+            or _first_heading(prompt.read_text(encoding="utf-8", errors="replace"))
 
-    facts: dict[str, Any] = {}
+    compose_facts: dict[str, Any] = {}
+    environment: dict[str, Any] = {}
     docker = inner / "docker" if inner is not None else None
     if docker is not None and docker.is_dir():
         shutil.copytree(docker, dest / "environment", ignore=lambda d, names: ["workspace"] if Path(d) == docker else [],
                         symlinks=True)
-        compose = next((docker / n for n in ("docker-compose.yml", "docker-compose.yaml", "compose.yaml") if (docker / n).is_file()), None)
+        compose = next((n for n in ("docker-compose.yml", "docker-compose.yaml", "compose.yaml") if (docker / n).is_file()), None)
         if compose is not None:
-            facts = _compose_facts(compose, warnings)
+            compose_facts = _compose_facts(docker / compose, warnings)
+            try:
+                env = import_compose(dest / "environment" / compose, strict=False)
+            except SpecError as exc:
+                warnings.append(f"{compose} does not map to a trial environment: {exc}")
+            else:
+                # The reference harness starts a trial's stack in "model" mode: IMAGE_TAG=model (the clean toolchain
+                # image, no app) and APP_CMD="sleep infinity" (the agent starts the app itself).
+                environment = {"compose": f"environment/{compose}", "services": list(env.services), "app_service": env.app(),
+                               "variables": {"IMAGE_TAG": "model", "APP_CMD": "sleep infinity"}}
+                documented = ", ".join(facts.env_vars) if facts is not None and facts.env_vars else "none listed"
+                warnings += [f"{w} (variables the prompt documents: {documented})" if "env_file" in w else w
+                             for w in env.warnings]
+                if env.missing_variables:
+                    environment["secrets"] = sorted(env.missing_variables)
+                    warnings.append("variables without a value or default, generated per trial as random secrets "
+                                    "(environment.secrets; set environment.variables to fix a value): "
+                                    + "; ".join(f"{k} ({v})" for k, v in sorted(env.missing_variables.items())))
         else:
             warnings.append("docker/ has no docker-compose.yml; database engine and app port unknown")
-        if "app_port" not in facts:
+        if "app_port" not in compose_facts:
             port = _dotenv_port(docker / ".env") or _dotenv_port(docker / ".env.example")
             if port:
-                facts["app_port"] = port
+                compose_facts["app_port"] = port
     else:
         warnings.append("no docker/ folder; environment unknown")
+    if facts is not None:
+        if facts.database is not None and facts.database.host:
+            environment["db_host"] = facts.database.host
+        environment.update({k: v for k, v in (("product", facts.product), ("container", facts.container),
+                                              ("workdir", facts.workdir), ("base_os", facts.base_os),
+                                              ("tools", facts.tools), ("requirements", facts.requirements)) if v})
 
     spec: dict[str, Any] = {"id": task_id, "title": title or public_id}
-    if loaded.dag.meta.get("category"):
+    if loaded is not None and loaded.dag.meta.get("category"):
         spec["category"] = loaded.dag.meta["category"]
-    app_port = facts.get("app_port")
+    app_port = (facts.app_port if facts is not None else None) or compose_facts.get("app_port")
     if app_port is None:
-        warnings.append("app port not found in docker-compose.yml or .env; defaulted to 8000")
-    spec["app"] = {"port": int(app_port or 8000), "health_path": "/", "start_command": "bash run.sh"}
-    if "database" in facts:
-        db = dict(facts["database"])
-        spec["database"] = {k: db[k] for k in ("engine", "version", "name", "user", "password", "port") if k in db}
+        warnings.append("app port not found in prompt_for_model.md, docker-compose.yml or .env; defaulted to 8000")
+    # The agent starts the app itself (the prompt says so); there is no deployment contract to run after it.
+    spec["app"] = {"port": int(app_port or 8000), "health_path": "/", "start_command": None}
+    database = {k: v for k, v in (compose_facts.get("database") or {}).items()
+                if k in ("engine", "version", "name", "user", "password", "port")}
+    if facts is not None and facts.database is not None:
+        fdb = facts.database
+        database.update({k: v for k, v in (("engine", fdb.engine), ("name", fdb.name), ("user", fdb.user),
+                                           ("password", fdb.password), ("port", fdb.port)) if v})
+        if fdb.version:
+            database.setdefault("version", fdb.version)
+        if fdb.extensions:
+            database["extensions"] = list(fdb.extensions)
+    if database.get("engine"):
+        spec["database"] = database
     else:
-        warnings.append("no database service recognised in docker-compose.yml")
+        warnings.append("no database recognised in the prompt or docker-compose.yml")
+    profile = _users_profile(facts) if facts is not None else None
+    if profile is not None:
+        spec["auth"] = profile
     spec["timeouts"] = {"agent_s": 10800, "eval_node_s": 120, "health_s": 60}
-    spec["environment"] = {"compose": "environment/docker-compose.yml", "services": facts.get("services", [])} \
-        if (dest / "environment" / "docker-compose.yml").is_file() else {}
-    spec["source"] = {"kind": "saasbench-public", "task": public_id, "dag": dag_src.name}
-    warnings.append("domain, stack and auth profile are not derivable from the public layout; fill them in task.yaml")
+    spec["environment"] = environment
+    if facts is not None:
+        spec["facts"] = facts.model_dump(mode="json", exclude={"prompt_text", "warnings"}, exclude_none=True)
+    spec["source"] = {"kind": "saasbench-public", "task": public_id, "dag": dag_src.name if dag_src is not None else None}
+    warnings.append("domain and stack are not derivable from the public layout; fill them in task.yaml")
     (dest / TASK_FILE).write_text(
-        "# Imported from the public SaaSBench layout by `saasbench tasks import`; review domain, stack and auth.\n"
+        "# Imported from the public SaaSBench layout by `saasbench tasks import`; review domain and stack.\n"
         + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")
     task = load_task_dir(dest)
-    return ImportResult(task=task, warnings=warnings, dag_warnings=[str(i) for i in loaded.warnings])
+    return ImportResult(task=task, warnings=warnings, dag_warnings=[str(i) for i in loaded.warnings] if loaded else [])
+
+
+def attach_dag(task: Task, dag: str | Path) -> list[str]:
+    """Check ``dag`` with the loader and copy it in as the task's DAG; returns the loader's warnings."""
+    from saasbench.dag import DagLoadError, load_dag
+
+    try:
+        loaded = load_dag(dag)
+    except DagLoadError as exc:
+        raise TaskError(f"{dag}: DAG does not load: " + "; ".join(str(i) for i in exc.issues[:10])) from None
+    shutil.copy2(dag, task.dag_path)
+    return [str(i) for i in loaded.warnings]
+
+
+# --- readiness ---------------------------------------------------------------------------------------
+class Readiness(BaseModel):
+    """What a task still lacks to run, as ``tasks list``/``tasks show``/``tasks fetch`` report it."""
+
+    task: str
+    needs: list[str] = Field(default_factory=list, description="DAG, PRD, images, variables, files: each blocks a trial")
+    notes: list[str] = Field(default_factory=list, description="Details and things that do not block (smoke-only DAG, ...)")
+    images: list[Any] = Field(default_factory=list, description="saasbench.imagemap.ImageNeed per service (Docker tasks)")
+
+    @property
+    def status(self) -> str:
+        return "ready" if not self.needs else "needs " + ", ".join(self.needs)
+
+
+def docker_client_or_none(timeout_s: float = 5) -> Any | None:
+    """A client for the engine ``$DOCKER_HOST`` names (or the default socket), or None when none answers."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout_s)
+        client.ping()
+        return client
+    except Exception:  # noqa: BLE001 - no engine is an answer here, not an error
+        return None
+
+
+def readiness(task: Task, *, docker_client: Any | None = None) -> Readiness:
+    """Check the DAG (present, loads), PRD and KB, variables and images (with ``docker_client``; else unchecked)."""
+    from saasbench.dag import DagLoadError, load_dag
+
+    out = Readiness(task=task.id)
+    public = (task.spec.model_extra or {}).get("source", {}) or {}
+    if not task.dag_path.is_file():
+        out.needs.append("DAG")
+        out.notes.append(f"no {task.spec.dag}: `saasbench tasks import --dag FILE {task.id}` or place it there")
+    else:
+        try:
+            loaded = load_dag(task.dag_path)
+            if public.get("dag") == "dag_smoke.json":
+                out.notes.append(f"smoke DAG only ({len(loaded.dag.nodes)} nodes), not the benchmark's full DAG")
+        except DagLoadError as exc:
+            out.needs.append("DAG")
+            out.notes.append(f"{task.spec.dag} does not load ({len(exc.issues)} error(s); saasbench dag check)")
+    missing_inputs = [p.name for p in (task.prd_path, task.kb_path)
+                      if not p.is_file() and (p == task.prd_path or public.get("kind") == "saasbench-public")]
+    if missing_inputs:
+        out.needs.append("PRD")
+        out.notes.append(f"missing {' and '.join(missing_inputs)} (`saasbench tasks fetch {task.id}` downloads them)")
+    block = task.spec.environment or {}
+    if block.get("compose") or isinstance(block.get("services"), dict):
+        from saasbench.docker_env import env_spec_for_task
+        from saasbench.envspec import SpecError
+        from saasbench.imagemap import image_needs
+
+        try:
+            env = env_spec_for_task(task)
+        except SpecError as exc:
+            out.needs.append("variables" if "variable" in str(exc) else "environment")
+            out.notes.append(str(exc))
+        else:
+            out.notes += env.warnings
+            if any("bind mount source" in w for w in env.warnings):
+                out.needs.append("files")
+            out.images = image_needs(env, docker_client)
+            absent = [n for n in out.images if n.available is False]
+            if absent:
+                out.needs.append("images")
+                out.notes.append("images not in the engine: " + ", ".join(sorted({str(n.image) for n in absent}))
+                                 + " (pull or import them, or map substitutes: saasbench tasks images)")
+            elif docker_client is None and any(n.image for n in out.images):
+                out.notes.append("images not checked (no Docker engine answered)")
+    return out

@@ -255,7 +255,7 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
         say(f"{agent.name}: app not healthy: {app.error}")
     ctx = RunContext(
         Target(base_url=env.base_url, workspace=Path(env.workspace_dir), db_dsn=env.db_dsn, environment=env,
-               task_id=task.id, exec_env=task_exec_env(task, env)),
+               task_id=task.id, exec_env=task_exec_env(task, env), origin_aliases=task.app_origins),
         options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s, judge_enabled=judge is not None),
         auth_profile=task.spec.auth,
         env_defaults=dag.env_defaults,

@@ -18,7 +18,7 @@ VENV=.venv
 # debootstrap Debian root, since registries are unreachable), Debian's docker-compose (1.29, to
 # validate infra/compose.yaml with `docker-compose config`). Installed only when
 # missing, so a warm machine pays nothing.
-APT_PACKAGES=(postgresql mariadb-server patch docker.io docker-compose busybox-static debootstrap chromium)
+APT_PACKAGES=(postgresql mariadb-server patch docker.io docker-compose busybox-static debootstrap chromium git)
 install_system_deps() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do

@@ -197,3 +197,33 @@ def python_image(docker_client) -> str:
         tar, repository=repo, tag=tag,
         changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'])
     return PYTHON_IMAGE
+
+
+POSTGRES_IMAGE = "saasbench/debian-postgres:bookworm"
+
+
+@pytest.fixture(scope="session")
+def postgres_image(docker_client) -> str:
+    """``saasbench/debian-postgres:bookworm`` (Debian minbase + python3 + postgresql 15 + redis-server),
+    from its own cached debootstrap tarball (a few minutes the first time). The image has no
+    entrypoint of its own: ``infra/image-maps/debian-substitutes.yaml`` gives the postgres and
+    redis services theirs."""
+    import docker.errors
+
+    try:
+        docker_client.images.get(POSTGRES_IMAGE)
+        return POSTGRES_IMAGE
+    except docker.errors.ImageNotFound:
+        pass
+    script = REPO / "infra" / "base-image" / "build.sh"
+    env = {**os.environ, "IMAGE": POSTGRES_IMAGE, "EXTRA_PACKAGES": "postgresql,redis-server"}
+    r = subprocess.run(["bash", str(script), "--tar-only"], capture_output=True, text=True, timeout=1800, check=False,
+                       env=env)
+    if r.returncode != 0:
+        raise DockerUnavailable(f"{script} --tar-only failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    tar = r.stdout.strip().splitlines()[-1]
+    repo, tag = POSTGRES_IMAGE.split(":")
+    docker_client.api.import_image_from_file(
+        tar, repository=repo, tag=tag,
+        changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'])
+    return POSTGRES_IMAGE

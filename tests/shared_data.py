@@ -15,7 +15,8 @@ _CANDIDATES = [
     Path("/work/shared/conformance/saasbench"),
 ]
 CONFORMANCE_DIR = next((p for p in _CANDIDATES if p is not None and p.is_dir()), _CANDIDATES[1])
-# The public task folders beside it (shared/conformance/public-tasks, see its README.md): task_mjobbzsi
-# ships the only public dag_smoke.json saved there.
-PUBLIC_TASKS_DIR = CONFORMANCE_DIR.parent / "public-tasks"
+# The 15 public task folders (a copy of shared/conformance/public-tasks in tests/data, see its README.md):
+# task_mjobbzsi ships the only public dag_smoke.json saved there.
+PUBLIC_TASKS_DIR = Path(__file__).resolve().parent / "data" / "public-tasks"
+PUBLIC_TASK_IDS = sorted(p.name for p in PUBLIC_TASKS_DIR.glob("task_*") if p.is_dir())
 MJOBBZSI_SMOKE_DAG = PUBLIC_TASKS_DIR / "task_mjobbzsi" / "check" / "task_mjobbzsi_e" / "evaluate" / "dag_smoke.json"

@@ -122,7 +122,8 @@ def test_import_public_task(tmp_path: Path) -> None:
     root = tmp_path / "tasks" / "ubsmhopy"
     assert task.id == "ubsmhopy" and task.root == root.resolve()
     assert task.title == "Unified Billing Suite"
-    assert task.spec.app.port == 3012  # the host port the evaluator uses
+    assert task.spec.app.port == 3000  # the port inside the container ("3012:3000"); 3012 is the benchmark host's
+    assert task.spec.app.start_command is None  # the agent starts the app itself, as the public prompt says
     db = task.spec.database
     assert (db.engine, db.version, db.name, db.user, db.password, db.port) == ("postgresql", "16-alpine", "ubs", "ubs_user", "ubs_pass", 5432)
     assert json.loads((root / "dag.json").read_text()) == json.loads((CONFORMANCE / "dag.json").read_text())
@@ -135,6 +136,7 @@ def test_import_public_task(tmp_path: Path) -> None:
     assert set(raw["environment"]["services"]) == {"app", "db", "redis"}
     assert isinstance(result.dag_warnings, list)
     assert any("domain" in w for w in result.warnings)
+    assert task.spec.environment["variables"] == {"IMAGE_TAG": "model", "APP_CMD": "sleep infinity"}
     with pytest.raises(TaskError, match="already exists"):
         import_public_task(src, tmp_path / "tasks")
     assert import_public_task(src, tmp_path / "tasks", overwrite=True).task.id == "ubsmhopy"
