@@ -180,23 +180,7 @@ def busybox_image(docker_client) -> str:
 @pytest.fixture(scope="session")
 def python_image(docker_client) -> str:
     """``saasbench/debian-python:bookworm`` (Debian minbase + python3), from the cached debootstrap tarball."""
-    import docker.errors
-
-    try:
-        docker_client.images.get(PYTHON_IMAGE)
-        return PYTHON_IMAGE
-    except docker.errors.ImageNotFound:
-        pass
-    script = REPO / "infra" / "base-image" / "build.sh"
-    r = subprocess.run(["bash", str(script), "--tar-only"], capture_output=True, text=True, timeout=900, check=False)
-    if r.returncode != 0:
-        raise DockerUnavailable(f"{script} --tar-only failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    tar = r.stdout.strip().splitlines()[-1]
-    repo, tag = PYTHON_IMAGE.split(":")
-    docker_client.api.import_image_from_file(
-        tar, repository=repo, tag=tag,
-        changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'])
-    return PYTHON_IMAGE
+    return _debian_image(docker_client, PYTHON_IMAGE)
 
 
 POSTGRES_IMAGE = "saasbench/debian-postgres:bookworm"
@@ -208,22 +192,27 @@ def postgres_image(docker_client) -> str:
     from its own cached debootstrap tarball (a few minutes the first time). The image has no
     entrypoint of its own: ``infra/image-maps/debian-substitutes.yaml`` gives the postgres and
     redis services theirs."""
+    return _debian_image(docker_client, POSTGRES_IMAGE, extra_packages="postgresql,redis-server", timeout_s=1800)
+
+
+def _debian_image(docker_client, image: str, *, extra_packages: str = "", timeout_s: float = 900) -> str:
+    """``image`` in the engine: imported from the cached debootstrap tarball infra/base-image/build.sh makes."""
     import docker.errors
 
     try:
-        docker_client.images.get(POSTGRES_IMAGE)
-        return POSTGRES_IMAGE
+        docker_client.images.get(image)
+        return image
     except docker.errors.ImageNotFound:
         pass
     script = REPO / "infra" / "base-image" / "build.sh"
-    env = {**os.environ, "IMAGE": POSTGRES_IMAGE, "EXTRA_PACKAGES": "postgresql,redis-server"}
-    r = subprocess.run(["bash", str(script), "--tar-only"], capture_output=True, text=True, timeout=1800, check=False,
+    env = {**os.environ, "IMAGE": image, "EXTRA_PACKAGES": extra_packages}
+    r = subprocess.run(["bash", str(script), "--tar-only"], capture_output=True, text=True, timeout=timeout_s, check=False,
                        env=env)
     if r.returncode != 0:
         raise DockerUnavailable(f"{script} --tar-only failed ({r.returncode}):\n{r.stderr[-3000:]}")
     tar = r.stdout.strip().splitlines()[-1]
-    repo, tag = POSTGRES_IMAGE.split(":")
+    repo, tag = image.split(":")
     docker_client.api.import_image_from_file(
         tar, repository=repo, tag=tag,
         changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'])
-    return POSTGRES_IMAGE
+    return image
