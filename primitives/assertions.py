@@ -23,10 +23,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench.context import RunContext
-from saasbench.dag import PLACEHOLDER_RE, is_annotation, note, warn
+from saasbench.dag import PLACEHOLDER_RE, StepDefect, is_annotation, note, warn
 from saasbench.jsonpath import ABSENT, PathError, parse
 from saasbench.jsonpath import evaluate as path_value
-from saasbench.placeholders import MISSING, UnresolvedPlaceholder
+from saasbench.placeholders import MISSING, UnresolvedPlaceholder, to_text
 from saasbench.primitives.registry import PrimitiveInputs, primitive
 from saasbench.results import StepResult
 
@@ -67,8 +67,21 @@ OPERATORS: dict[str, str] = {
     "exists_or": "exists_or",
     "array_find": "array_find", "array_contains": "array_find",
     "all_gt": "all_gt", "all_gte": "all_gte", "all_lt": "all_lt", "all_lte": "all_lte",
+    # public-DAG dialects, round 2 (cvyocaao, lgzivily, rjhcjrst, ghmkznee, gmdnohlg; docs/dag-semantics.md "P07")
+    "store_as": "store", "store": "store",
+    "min_value": "gte", "max_value": "lte",
+    "numeric_string": "numeric_string",
+    "array_min_length": "length_gte", "array_max_length": "length_lte",
+    "any_match": "any_match",
+    "is_object": "has_type", "is_string": "has_type",
+    "contains_all": "contains",
+    "eq_or_empty": "eq_or_empty",
 }
-UNARY = {"exists", "not_exists", "not_null", "is_null", "not_empty", "is_empty", "is_array", "jwt_decode", "is_json", "has_type"}
+# Operators that name the JSON type they check (ghmkznee is_object, cvyocaao is_string).
+TYPE_CHECK_OPS: dict[str, str] = {"is_object": "object", "is_string": "string"}
+# Operators that also require an array (cvyocaao array_min_length: isinstance(actual, list) and len >= n).
+ARRAY_LENGTH_OPS = {"array_min_length", "array_max_length"}
+UNARY = {"exists", "not_exists", "not_null", "is_null", "not_empty", "is_empty", "is_array", "jwt_decode", "is_json", "has_type", "store"}
 LENGTH_OPS = {"length_eq": "equals", "length_gte": "gte", "length_gt": "gt", "length_lte": "lte", "length_lt": "lt"}
 # "expected_<op>: value" keys (uybznoms, orghjavi): the key names the operator. Several in one
 # assertion ({"expected_min": 18, "expected_max": 28}) become one assertion each.
@@ -79,12 +92,17 @@ EXPECTED_KEY_OPS: dict[str, str] = {
     "expected_regex": "matches_regex", "expected_pattern": "matches_regex", "match_regex": "matches_regex",
     "expected_length": "length_eq", "expected_min_length": "length_gte", "expected_max_length": "length_lte",
     "expected_all_gt": "all_gt", "expected_all_gte": "all_gte", "expected_all_lt": "all_lt", "expected_all_lte": "all_lte",
+    # bare bound keys (sgdoserd, rjhcjrst, hhrdixum, gavmyneb, dfhjkeb): {"path": p, "min_value": 1}
+    "min_value": "gte", "max_value": "lte", "min_length": "length_gte", "max_length": "length_lte",
+    "expected_length_gte": "length_gte", "array_min_length": "length_gte", "expected_eq": "equals",
 }
 # "expected_<state>: true|false" flags: (op when true, op when false).
 EXPECTED_FLAG_OPS: dict[str, tuple[str, str]] = {
     "expected_absent": ("not_exists", "exists"), "expected_absent_or_null": ("not_exists", "exists"),
     "expected_present": ("exists", "not_exists"), "expected_exists": ("exists", "not_exists"),
     "expected_null": ("is_null", "not_null"), "expected_not_null": ("not_null", "is_null"),
+    "not_exists": ("not_exists", "exists"), "expected_not_empty": ("not_empty", "is_empty"),
+    "empty_or_absent": ("is_empty", "not_empty"),
 }
 TYPE_NAMES: dict[str, str] = {
     "string": "string", "str": "string", "text": "string",
@@ -94,6 +112,7 @@ TYPE_NAMES: dict[str, str] = {
     "object": "object", "dict": "object", "map": "object",
     "array": "array", "list": "array",
     "null": "null", "none": "null",
+    "object_or_array": "object_or_array", "array_or_object": "object_or_array",  # sgdoserd: isinstance(v, (dict, list))
 }
 _ASSERTION_KEYS = {"path", "op", "operator", "match_type", "assertion", "expected", "exists", "type", "expected_type",
                    "expected_in", "contains", "tolerance", "save_as", "capture_as", "description", "pattern",
@@ -145,6 +164,8 @@ def type_name(value: Any) -> str:
 def has_type(value: Any, wanted: str) -> bool:
     """JSON Schema rules: an integer is a number; 5.0 is an integer; a boolean is neither."""
     actual = type_name(value)
+    if wanted == "object_or_array":
+        return actual in ("object", "array")
     if wanted == "number":
         return actual in ("integer", "number")
     if wanted == "integer" and actual == "number":
@@ -158,7 +179,7 @@ def has_type(value: Any, wanted: str) -> bool:
 def normalise_type(value: Any) -> str:
     name = TYPE_NAMES.get(str(value).strip().lower())
     if name is None:
-        raise ValueError(f"unknown type name {value!r} (use one of string, number, integer, boolean, object, array, null)")
+        raise ValueError(f"unknown type name {value!r} (use one of string, number, integer, boolean, object, array, null, object_or_array)")
     return name
 
 
@@ -216,6 +237,23 @@ class Assertion(BaseModel):
 def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     """Turn any dialect seen in real DAGs into the canonical keys, noting every legacy form."""
     a = dict(raw)
+    if isinstance(a.get("path"), list):  # iyjruvfz: {"path": ["$.data.uid", "$.data[0].uid"]}: the first that resolves
+        listed = [p for p in a["path"] if isinstance(p, str)]
+        if not listed:
+            raise StepDefect("assertion 'path' is a list holding no path string")
+        extra = a.get("path_any_of") or []
+        a["path"], a["path_any_of"] = listed[0], [*listed[1:], *(extra if isinstance(extra, list) else [extra])]
+        note("'path' given as a list -> path_any_of (the assertion holds at any of the paths)")
+    if "store_as" in a:  # dfhjkeb/iyjruvfz/rjhcjrst: capture the value at path; iyjruvfz spells it "${NAME}"
+        name = a.pop("store_as")
+        if not isinstance(name, str) or not name.strip("${} "):
+            raise StepDefect(f"assertion store_as must name a capture, got {name!r}")
+        if name.strip().startswith("${") and name.strip().endswith("}"):
+            name = name.strip()[2:-1]
+        if a.get("save_as") not in (None, name) or a.get("capture_as") not in (None, name):
+            raise ValueError(f"store_as {name!r} conflicts with save_as/capture_as")
+        a["save_as"] = name.strip()
+        note("assertion 'store_as' -> save_as (capture the value at path)")
     if "path_any_of" in a:  # hhrdixum: {"path_any_of": ["$.detail", "$"], "exists": true}
         alternatives = a["path_any_of"]
         if isinstance(alternatives, str):
@@ -253,13 +291,28 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         op = OPERATORS.get(str(op_raw).strip().lower())
         if op is None:
             raise ValueError(f"unknown operator {op_raw!r}")
+    _dialect_operator(a, op, str(op_raw).strip().lower() if op_raw is not None else None)
     if "capture_as" in a:
         a.setdefault("save_as", a.pop("capture_as"))
         note("assertion 'capture_as' -> save_as")
     if "type" in a:
         a.setdefault("expected_type", a.pop("type"))
         note("assertion 'type' -> expected_type")
-    if op == "has_type":  # {"operator": "type"|"is_type", "expected": "array"}
+    if str(a.get("expected_type")).strip().lower() in ("exists", "present"):  # kmasmnil: {"expected": "{{org_id}}", "type": "exists"}
+        a.pop("expected_type")
+        if op is None and not any(k in a for k in ("expected", "pattern", "expected_in", "contains", "exists")):
+            op = "exists"
+            note("type 'exists' -> op exists")
+        else:
+            note("type 'exists' beside another check -> dropped (that check already needs the value; the kmasmnil "
+                 "reference ignores 'type')")
+    if str(op_raw).strip().lower() in TYPE_CHECK_OPS:  # {"operator": "is_object"}: the operator names the type
+        wanted_type = TYPE_CHECK_OPS[str(op_raw).strip().lower()]
+        if a.get("expected_type") is not None and normalise_type(a["expected_type"]) != wanted_type:
+            raise ValueError(f"operator {op_raw!r} conflicts with expected_type {a['expected_type']!r}")
+        a["expected_type"] = wanted_type
+        note(f"operator {op_raw!r} -> has_type {wanted_type}")
+    elif op == "has_type":  # {"operator": "type"|"is_type", "expected": "array"}
         wanted = a.pop("expected", None)
         if wanted is None or (a.get("expected_type") is not None and normalise_type(a["expected_type"]) != normalise_type(wanted)):
             raise ValueError(f"operator {op_raw!r} needs one type name in 'expected'")
@@ -267,6 +320,21 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         note(f"operator {op_raw!r} with expected {wanted!r} -> expected_type")
     if a.get("expected_type") is not None:
         a["expected_type"] = normalise_type(a["expected_type"])
+    if "expected_numeric" in a:  # rjhcjrst: {"match_type": "numeric_string", "expected_numeric": 1.085}
+        if "expected" in a:
+            raise ValueError("give expected or expected_numeric, not both")
+        a["expected"] = a.pop("expected_numeric")
+        note("'expected_numeric' -> expected")
+    if "expected" in a and "pattern" in a:
+        if op == "matches_regex":  # gmdnohlg: {"operator": "regex_match", "expected": "2030-12-31", "pattern": "^\\d{4}-..."}
+            dropped = a.pop("expected")
+            warn(f"'expected' {short(dropped, 60)} beside 'pattern' with operator {op_raw!r}: the pattern is matched and the "
+                 "expected value is ignored (as in the gmdnohlg reference; a DAG defect)")
+        elif op is None and isinstance(a["expected"], str) and OPERATORS.get(a["expected"].strip().lower()) == "matches_regex":
+            a.pop("expected")  # kmasmnil: {"expected": "matches_regex", "pattern": "^[a-z0-9]{25}$"}
+            op = "matches_regex"
+            warn("'expected' names the operator matches_regex and 'pattern' holds the regex: the pattern is matched (the "
+                 "kmasmnil reference compared the value with the literal text 'matches_regex', which never passes; a DAG defect)")
     given = [k for k in ("expected", "pattern", "expected_in", "contains") if k in a]
     if len(given) > 1:
         raise ValueError(f"give one of expected/pattern/expected_in/contains, not {' and '.join(given)}")
@@ -323,6 +391,29 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     return a
 
 
+def _dialect_operator(a: dict[str, Any], op: str | None, raw: str | None) -> None:
+    """Companion keys of the round-2 dialect operators (store_as + key, array_min_length, contains_all)."""
+    if op == "store":  # cvyocaao: {"path": "$.access_token", "operator": "store_as", "key": "sa_access_token"}
+        name = a.pop("key", None)
+        if name is None:
+            name = a.get("save_as") or a.get("capture_as")
+        if not isinstance(name, str) or not name.strip():
+            raise StepDefect(f"operator {raw!r} names no 'key' to store the value under")
+        if a.get("save_as") not in (None, name) or a.get("capture_as") not in (None, name):
+            raise ValueError(f"operator {raw!r}: key {name!r} conflicts with save_as/capture_as")
+        a.pop("capture_as", None)
+        a["save_as"] = name.strip()
+        note(f"operator {raw!r} with key -> op store, save_as {name.strip()!r} (a list stores its first element, an "
+             "object with an id its id)")
+    if raw in ARRAY_LENGTH_OPS and a.get("type") is None and a.get("expected_type") is None:
+        a["expected_type"] = "array"  # the value must be an array, then its length is compared
+        note(f"operator {raw!r} -> {OPERATORS[raw]} with expected_type array")
+    if raw == "contains_all":
+        if "expected" in a and not isinstance(a["expected"], list) and not _has_placeholder(a["expected"]):
+            a["expected"] = [a["expected"]]
+        note("operator 'contains_all' -> contains (every listed element)")
+
+
 def _expected_key_op(a: dict[str, Any]) -> None:
     """``{"expected_gte": 1}`` -> ``op gte, expected 1``; ``{"expected_absent": true}`` -> ``op not_exists``.
 
@@ -344,6 +435,10 @@ def _expected_key_op(a: dict[str, Any]) -> None:
         a["op"] = EXPECTED_FLAG_OPS[key][0 if value else 1]
     else:
         a["op"], a["expected"] = EXPECTED_KEY_OPS[key], value
+        if key == "expected_eq" and isinstance(value, str) and re.match(r"^\s*\$(?:$|[.\[])", value):
+            a["op"] = "equals_path"  # sgdoserd: {"path": "$.first.id", "expected_eq": "$.second.id"}
+        if key == "array_min_length" and a.get("type") is None and a.get("expected_type") is None:
+            a["expected_type"] = "array"  # gavmyneb: isinstance(actual, list) and len(actual) >= n
     note(f"assertion '{key}' -> op {a['op']}")
 
 
@@ -603,8 +698,17 @@ def _contains_id(actual: Any, wanted: Any) -> bool:
 def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
     """Evaluate one canonical assertion on the value found at its path; (passed, why-not)."""
     op, expected = a.op, a.expected
+    if op == "any_match":  # expected_type applies to each candidate, not to the list of matches
+        return _any_match(a, value)
     if a.expected_type is not None and not has_type(value, a.expected_type):
         return False, f"type {type_name(value)}, expected {a.expected_type}"
+    if op == "store":
+        stored = stored_value(value)
+        return _present(stored), f"nothing to store under {a.save_as!r} ({'absent' if value is ABSENT else short(value)})"
+    if op == "eq_or_empty":  # gmdnohlg: equal, or absent/null/""/[]/{}
+        if value is ABSENT or value is None or value in ("", [], {}):
+            return True, ""
+        return values_equal(value, expected, a.tolerance), "neither equal nor empty"
     if op == "exists" or op == "not_null":
         return _present(value), "absent" if value is ABSENT else "null"
     if op in ("not_exists", "is_null"):
@@ -649,6 +753,12 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         return str(expected).casefold() in _text(value).casefold(), "text does not contain it (case-insensitive)"
     if op == "not_contains_id":
         return not _contains_id(value, expected), "an element has that id"
+    if op == "numeric_string":  # rjhcjrst: a string holding a number (a JSON number fails), numerically equal to expected
+        if not isinstance(value, str) or _number(value) is None:
+            return False, f"{type_name(value)}, not a string holding a number"
+        if expected is None:
+            return True, ""
+        return _numeric_equal(value, expected, a.tolerance), "numerically different"
     if op in ("gte", "lte", "gt", "lt"):
         pair = _order(value, expected)
         if isinstance(pair, str):
@@ -706,6 +816,45 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         except re.error as exc:
             return False, f"invalid regex: {exc}"
     return False, f"operator {op!r} not implemented"  # unreachable: the model rejects unknown operators
+
+
+def stored_value(value: Any) -> Any:
+    """What op store (cvyocaao ``store_as``) keeps: a list's first element, then an object's ``id``."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ABSENT
+    if isinstance(value, Mapping) and "id" in value:
+        value = value["id"]
+    return value
+
+
+def _numeric_equal(actual: Any, expected: Any, tolerance: float | None) -> bool:
+    pair = _order(actual, expected)
+    if isinstance(pair, str):
+        return False
+    return abs(pair[0] - pair[1]) <= _decimal(float(tolerance or 0))
+
+
+def _any_match(a: Assertion, value: Any) -> tuple[bool, str]:
+    """rjhcjrst ``any_match``: some value the path matched (a wildcard's list, or the one value) has the
+    expected type (if given) and equals ``expected`` (numbers numerically; a string may contain it);
+    with neither, some matched value is not null."""
+    if value is ABSENT:
+        return False, "absent"
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        return False, "no values matched"
+    for item in items:
+        if a.expected_type is not None and not has_type(item, a.expected_type):
+            continue
+        if a.expected is not None:
+            if values_equal(item, a.expected, a.tolerance) or _numeric_equal(item, a.expected, a.tolerance) \
+                    or (isinstance(item, str) and _scalar_text(a.expected) in item):
+                return True, ""
+        elif a.expected_type is not None or item is not None:
+            return True, ""
+    wanted = " and ".join(x for x in ((f"of type {a.expected_type}" if a.expected_type else ""),
+                                     (f"equal to / containing {short(a.expected, 80)}" if a.expected is not None else "")) if x)
+    return False, f"none of {len(items)} value(s) is {wanted or 'not null'}"
 
 
 def _is_json(a: Assertion, value: Any, doc: Doc) -> bool:
@@ -823,19 +972,43 @@ def _claim_ok(actual: Any, rule: Any, now: float) -> tuple[bool, str]:
 
 
 # --- P07 -----------------------------------------------------------------------------------------
-@primitive("P07", P07Inputs, raw_fields={"response", "source"})
+# Assertion fields whose placeholders P07 resolves itself: 'assertions' is a raw field so that a
+# capture name (save_as/store_as: iyjruvfz "${TEST_BOOKING_UID}") is a name, not a placeholder.
+_RESOLVED_FIELDS = ("path", "path_any_of", "expected", "claims", "algorithm", "capture_field")
+
+
+def resolve_assertion(ctx: RunContext, a: Assertion) -> Assertion:
+    """The assertion with the placeholders of its values resolved (never its capture name)."""
+    update: dict[str, Any] = {}
+    for name in _RESOLVED_FIELDS:
+        value = getattr(a, name)
+        resolved = ctx.resolve(value)
+        if resolved != value or type(resolved) is not type(value):
+            if name == "path" and not isinstance(resolved, str):
+                resolved = to_text(resolved)
+            if name == "path_any_of":
+                resolved = [p if isinstance(p, str) else to_text(p) for p in resolved]
+            update[name] = resolved
+    return a.model_copy(update=update) if update else a
+
+
+@primitive("P07", P07Inputs, raw_fields={"response", "source", "assertions", "regex", *_ASSERTION_KEYS, *BODY_PATHS})
 def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
     """Every assertion holds on the last document (or the named one)."""
     if not inputs.assertions:
         return StepResult(passed=True, message="no assertions: nothing checked (a DAG defect reported by 'dag check')",
                           evidence={"assertions": [], "nothing_checked": True})
+    try:
+        assertions = [resolve_assertion(ctx, a) for a in inputs.assertions]
+    except UnresolvedPlaceholder as exc:
+        return StepResult(passed=False, message=str(exc), evidence={"placeholder": exc.placeholder})
     ref = inputs.response if inputs.response is not None else inputs.source
     doc = load_document(ctx, ref)
     if isinstance(doc, str):
         return StepResult(passed=False, message=doc)
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    for a in inputs.assertions:
+    for a in assertions:
         first: tuple[bool, str, Any, str] | None = None
         for path in a.paths:  # path, then path_any_of: the first path where the assertion holds
             try:
@@ -857,6 +1030,10 @@ def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
                 ctx.capture(a.save_as, found)
             elif ok:
                 ok, why = False, f"found element has no field {a.capture_field!r} to capture as {a.save_as}"
+        elif a.save_as and a.op == "store":  # cvyocaao store_as: first element, then its id
+            stored = stored_value(value)
+            if _present(stored):
+                ctx.capture(a.save_as, stored)
         elif a.save_as and value is not ABSENT:
             ctx.capture(a.save_as, value)
         what = f"{path} {a.op}" + ("" if a.op in UNARY else f" {short(a.expected, 80)}") + (f" ({a.expected_type})" if a.expected_type else "")

@@ -43,8 +43,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps, scoped
 
 from saasbench.auth import LoginFailed
 from saasbench.browser import (
@@ -57,10 +55,10 @@ from saasbench.browser import (
     Deadline,
     Guard,
     Rendered,
-    quietly,
     absolute_url,
     check_url,
     load_page,
+    quietly,
     raw_limit,
     read_dom,
     sanitize_html,
@@ -72,6 +70,8 @@ from saasbench.browser import (
 from saasbench.context import RunContext
 from saasbench.dag import note, warn
 from saasbench.http import Identity
+from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps, scoped
+from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
 from saasbench.results import StepResult
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
@@ -119,6 +119,10 @@ class PageInputs(PrimitiveInputs):
                                      "(e.g. 'form' for a cookie session); default: the profile's browser_scheme, "
                                      "else its default")
     anonymous: bool = Field(default=False, description="Render with no identity (no cookies, no auth headers)")
+    login_credentials: dict[str, str] | None = Field(
+        default=None, description="Render logged in as this user ({username or email, password}) through the auth "
+        "profile (login_method, else its browser_scheme, else its default scheme): as the profile role whose "
+        "username/email matches, else as a role named after the user")
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +131,14 @@ class PageInputs(PrimitiveInputs):
             return data
         data = dict(data)
         rename_aliases(data, "anonymous", ("skip_auth", "no_auth"))  # no_auth: lzdugafl RENDER_DOM
+        if isinstance(data.get("login_as"), dict) and "login_credentials" not in data:
+            # aoiwqoiq: "login_as": {"username", "password", "base_url"}; its reference logs in through the
+            # app's login form at base_url before loading the page
+            given = dict(data.pop("login_as"))
+            base = given.pop("base_url", None)
+            data["login_credentials"] = {str(k): str(v) for k, v in given.items()}
+            note("'login_as {username, password}' -> 'login_credentials' (logged in through the auth profile)"
+                 + (f"; its base_url {base!r} is not used (the login goes to the app under test)" if base else ""))
         rename_aliases(data, "as_role", ("login_as", "role"))
         rename_aliases(data, "login_method", ("auth_method",))
         if "authenticate" in data:
@@ -156,6 +168,8 @@ def _identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity | None, str
     """The identity whose cookies/headers the browser carries, or why there is none."""
     if inputs.anonymous:
         return None, None
+    if inputs.login_credentials:
+        return _credentials_identity(ctx, inputs)
     # as_role, or the active role; logged in with the profile's browser_scheme when it names one
     # (AuthManager.browser_identity); the active identity is left as it was
     role = inputs.as_role or None
@@ -166,6 +180,30 @@ def _identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity | None, str
         return None, f"cannot render as {who}: {exc}"
     except (httpx.HTTPError, RuntimeError) as exc:
         return None, f"cannot render as {who}: login request failed: {type(exc).__name__}: {exc}"
+
+
+_USER_KEYS = ("username", "email", "login", "user", "login_id")
+
+
+def _credentials_identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity | None, str | None]:
+    """Log in with ``login_credentials`` (the active identity is left as it was)."""
+    creds = dict(inputs.login_credentials or {})
+    name = next((creds[k] for k in _USER_KEYS if creds.get(k)), None)
+    if not name or not creds.get("password"):
+        return None, "login_credentials need a username (or email) and a password"
+    users = getattr(ctx.auth.profile, "users", {}) or {}
+    role = next((r for r, u in users.items() if isinstance(u, dict) and any(str(u.get(k)) == name for k in _USER_KEYS)),
+                None) or inputs.as_role or name
+    previous = ctx.auth.active
+    try:
+        identity = ctx.auth.login(ctx, role, method=inputs.login_method or ctx.auth.profile.browser_scheme, credentials=creds)
+        return (None if identity.role == "anonymous" else identity), None
+    except LoginFailed as exc:
+        return None, f"cannot render as user {name!r}: {exc}"
+    except (httpx.HTTPError, RuntimeError) as exc:
+        return None, f"cannot render as user {name!r}: login request failed: {type(exc).__name__}: {exc}"
+    finally:
+        ctx.auth.active = previous
 
 
 def _urls(ctx: RunContext, raw: list[str]) -> tuple[list[str], str | None]:
@@ -375,12 +413,12 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
             try:  # the page after the actions is what the screenshot shows: keep its DOM too
                 html, full = await read_dom(page, raw_limit(inputs.max_chars), max(0.5, min(5.0, deadline.left())))
                 rendered.raw_html, rendered.raw_chars, rendered.raw_truncated = html, full, full > len(html)
-            except Exception:
+            except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                 pass
         try:
             png, notes = await screenshot_png(page, full_page=inputs.full_page, deadline=deadline)
             return rendered, png, notes, None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
             return rendered, None, [], str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
 
     try:
@@ -518,7 +556,7 @@ async def _settle_after(page: Any, deadline: Deadline) -> None:
     """After an action that may navigate: wait (briefly, best effort) for the page to load."""
     try:
         await page.wait_for_load_state("load", timeout=min(5000, deadline.ms()))
-    except Exception:
+    except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
         pass
 
 
@@ -574,7 +612,7 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageI
                 if step.selectors():
                     try:
                         seen = await (await _locate(page, step.selectors(), max(1, sub.ms()))).inner_text(timeout=max(1, sub.ms()))
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                         seen = ""
                 else:
                     seen = await _page_text(page, sub)
@@ -605,7 +643,7 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageI
                 values = step.value if isinstance(step.value, list) else [step.text()]
                 try:
                     await locator.select_option(value=[str(v) for v in values], timeout=timeout)
-                except Exception:
+                except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                     await locator.select_option(label=[str(v) for v in values], timeout=timeout)
             elif act == "check":
                 await locator.check(timeout=timeout)
@@ -615,7 +653,7 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageI
                 await locator.hover(timeout=timeout)
         if step.wait_ms and act != "wait":
             await asyncio.sleep(min(step.wait_ms / 1000, deadline.left()))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
         what = " / ".join(step.selectors()) or step.url or ""
         text = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         if "Timeout" in type(exc).__name__ or "Timeout" in text:
@@ -628,7 +666,7 @@ async def _page_text(page: Any, deadline: Deadline) -> str:
     try:
         text = await asyncio.wait_for(page.locator("body").inner_text(timeout=min(2000, deadline.ms())), min(3.0, deadline.left()))
         return text if isinstance(text, str) else ""
-    except Exception:
+    except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
         return ""
 
 
@@ -639,7 +677,7 @@ async def _check_expectations(page: Any, expect: Expectations, inputs: P18Inputs
         try:
             await page.locator(selector).first.wait_for(state="visible", timeout=min(inputs.action_timeout_ms, deadline.ms()))
             results.append({"selector_visible": selector, "passed": True})
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
             results.append({"selector_visible": selector, "passed": False,
                             "message": "not visible in time" if "Timeout" in type(exc).__name__ else str(exc).splitlines()[0][:200]})
     for kind, wanted_list in (("text_contains", expect.text_contains), ("url_contains", expect.url_contains)):
@@ -703,12 +741,12 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
             try:
                 png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
                 out["shots"].append((inputs.name, png))
-            except Exception:
+            except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                 pass
         out["final_url"] = str(page.url)
         try:
             out["raw"], _ = await read_dom(page, raw_limit(inputs.max_chars), max(0.5, min(5.0, deadline.left())))
-        except Exception:
+        except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
             out["raw"] = None
         return out
 
@@ -766,6 +804,10 @@ def normalise_dom_assertion(raw: Any, where: str | None = None) -> Any:
     at, say = scoped(where)
     _alias(data, "case_insensitive", ("caseInsensitive", "ignore_case", "ignoreCase", "icase"), say)
     _alias(data, "text_any_of", ("i18nFallback", "i18n_fallback", "text_alternatives", "textAnyOf", "text_any"), say)
+    _alias(data, "should_exist", ("expect_present", "present"), say)  # lgzivily: {"selector", "expect_present": true}
+    if "assertion" in data and "check" not in data and isinstance(data["assertion"], str):
+        data["check"] = data.pop("assertion")  # ididetxj: {"selector", "assertion": "visible"}
+        say("DOM assertion 'assertion: <check>' -> 'check'")
     if isinstance(data.get("text_any_of"), str):
         data["text_any_of"] = [data["text_any_of"]]
     state = data.pop("state", None)
@@ -839,10 +881,18 @@ class DomAssertion(BaseModel):
         return normalise_dom_assertion(data)
 
 
+_TOP_SELECTOR_KEYS = ("selector", "shouldExist", "should_exist", "text_contains", "count_min", "expect_present", "assertion",
+                      "visible", "check", "text_any_of")
+
+
 class P19Inputs(PageInputs):
-    url: str | None = Field(default=None, description="Page to load; without it the assertions run on the last "
-                            "rendered page (rendered_dom / last_page_html) with JavaScript off")
-    assertions: list[DomAssertion] = Field(min_length=1)
+    url: str | None = Field(default=None, description="Page to load; without it the assertions run with JavaScript off on "
+                            "the page this node rendered (rendered_dom / last_page_html), else on the last HTTP response "
+                            "when it is HTML, else on the page rendered last in the run")
+    assertions: list[DomAssertion] = Field(default_factory=list, description="CSS-selector assertions")
+    source_contains_any: list[str] | None = Field(default=None, description="The page's source (HTML text, scripts "
+                                                  "included) contains one of these strings")
+    require: Literal["all", "any"] = Field(default="all", description="all: every assertion must hold; any: one is enough")
     assertion_timeout_ms: float = Field(default=5000, ge=0, description="How long a should-exist selector may take to appear")
 
     @model_validator(mode="before")
@@ -851,12 +901,37 @@ class P19Inputs(PageInputs):
         if isinstance(data, dict):
             data = dict(data)
             rename_aliases(data, "url", ("path", "page"))
+            for key in ("selector_or_text_one_of", "contains_one_of", "text_one_of"):
+                # iyjruvfz: {"selector_or_text_one_of": ["Sign in", "Login", ...]}; its reference: one of the
+                # strings occurs in the last response's text
+                if key in data and "source_contains_any" not in data:
+                    value = data.pop(key)
+                    data["source_contains_any"] = value if isinstance(value, list) else [value]
+                    note(f"'{key}' -> 'source_contains_any' (one of these strings in the page source)")
+            if "selectors" in data and "assertions" not in data:
+                # sgdoserd: {"selectors": ["#root", "html"], "all_required": false}
+                selectors = data.pop("selectors")
+                data["assertions"] = [{"selector": x} for x in (selectors if isinstance(selectors, list) else [selectors])]
+                note("'selectors' -> one assertion per selector")
+            if "all_required" in data:
+                flag = data.pop("all_required")
+                if isinstance(flag, bool):
+                    data.setdefault("require", "all" if flag else "any")
+                    note(f"'all_required: {str(flag).lower()}' -> 'require: {data['require']}'")
+                else:
+                    warn(f"all_required {flag!r} is not a boolean (ignored)", "all_required")
             if "assertions" not in data and "selector" in data:
-                data["assertions"] = [{k: data.pop(k) for k in ("selector", "shouldExist", "should_exist", "text_contains", "count_min") if k in data}]
+                data["assertions"] = [{k: data.pop(k) for k in _TOP_SELECTOR_KEYS if k in data}]
                 note("top-level 'selector' -> assertions[0]")
             if isinstance(data.get("assertions"), list):
                 data["assertions"] = [normalise_dom_assertion(a, f"assertions[{i}]") for i, a in enumerate(data["assertions"])]
         return data
+
+    @model_validator(mode="after")
+    def _something(self) -> P19Inputs:
+        if not self.assertions and not self.source_contains_any:
+            raise ValueError("P19 needs 'assertions' (or 'selector', 'selectors', 'selector_or_text_one_of')")
+        return self
 
 
 # Is an element shown? Zero size, display:none or visibility:hidden (on it or an ancestor) hide it;
@@ -884,7 +959,7 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
                 if "Timeout" not in type(exc).__name__:
                     raise
         count = await locator.count()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
         out.update(passed=False, message=f"selector error: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
         return out
     out["count"] = count
@@ -898,7 +973,7 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
         for index in range(min(count, 50)):
             try:
                 shown.append(await locator.nth(index).evaluate(_SHOWN_JS, timeout=1000))
-            except Exception:
+            except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                 pass
         full = [s for s in shown if s.get("shown") and s.get("opacity", 1) >= 0.99]
         some = [s for s in shown if s.get("shown") and s.get("opacity", 1) > 0.01]
@@ -920,7 +995,7 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
         for index in range(min(count, 50)):
             try:
                 texts.append(await locator.nth(index).text_content(timeout=1000) or "")
-            except Exception:
+            except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                 pass
         fold = (lambda t: t.casefold()) if item.case_insensitive else (lambda t: t)
         if not any(fold(w) in fold(t) for t in texts for w in wanted):
@@ -932,30 +1007,61 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
     return out
 
 
+def _stored_page(ctx: RunContext) -> tuple[str | None, str]:
+    """What P19 checks without a url: (HTML, where it came from), or (None, why not).
+
+    The page this node rendered, else the last HTTP response when it is HTML (iyjruvfz, sgdoserd and
+    lgzivily check the page a P04 just fetched), else the page rendered last in the run.
+    """
+    for name in ("last_page_html", "rendered_dom"):
+        value = ctx.node_scope.get(name)
+        if isinstance(value, str) and value.strip():
+            return value, "the page rendered in this node"
+    response = ctx.last_response
+    if response is not None and isinstance(response.text, str) and response.text.strip() and (
+            "html" in str(response.headers.get("content-type", "")).lower() or response.text.lstrip()[:1] == "<"):
+        return response.text, f"the last response ({response.method} {response.url} -> {response.status})"
+    for name in ("last_page_html", "rendered_dom"):
+        value = ctx.vars.get(name)
+        if isinstance(value, str) and value.strip():
+            return value, "the page rendered last in the run"
+    return None, "no 'url', no rendered page and no HTML response to check (run RENDER_DOM, P18 or a P04 GET first)"
+
+
+def _source_check(inputs: P19Inputs, source: str | None) -> dict[str, Any]:
+    wanted = list(inputs.source_contains_any or [])
+    found = next((w for w in wanted if w and source is not None and w in source), None)
+    out: dict[str, Any] = {"selector": None, "source_contains_any": wanted, "passed": found is not None}
+    if found is not None:
+        out["matched"] = found
+    else:
+        out["message"] = ("the page source contains none of " + ", ".join(map(repr, wanted[:6]))
+                          + (f" (+{len(wanted) - 6})" if len(wanted) > 6 else "")) if source is not None else "no page source"
+    return out
+
+
 @primitive("P19", P19Inputs)
 def dom_assertion(inputs: P19Inputs, ctx: RunContext) -> StepResult:
-    """CSS-selector assertions on a rendered page; passes when every assertion holds."""
+    """CSS-selector assertions (and source text checks) on a page; passes when every one holds
+    (``require: any``: when one does)."""
     identity, problem = _identity(ctx, inputs)
     if problem:
         return StepResult(passed=False, message=problem)
     url: str | None = None
     stored: str | None = None
+    where = ""
     if inputs.url:
         urls, problem = _urls(ctx, [inputs.url])
         if problem:
             return StepResult(passed=False, message=problem)
         url = urls[0]
     else:
-        for name in ("last_page_html", "rendered_dom"):
-            value = ctx.node_scope.get(name, ctx.vars.get(name))
-            if isinstance(value, str) and value.strip():
-                stored = value
-                break
+        stored, where = _stored_page(ctx)
         if stored is None:
-            return StepResult(passed=False, message="no 'url' and no rendered page to check (run RENDER_DOM or P18 first)")
+            return StepResult(passed=False, message=where)
     budget = ctx.timeout((inputs.timeout_ms + inputs.assertion_timeout_ms) / 1000)
 
-    async def work(page: Any, guard: Guard) -> tuple[Rendered | None, list[dict[str, Any]]]:
+    async def work(page: Any, guard: Guard) -> tuple[Rendered | None, list[dict[str, Any]], str | None]:
         deadline = Deadline(budget)
         rendered = None
         if url is not None:
@@ -963,28 +1069,37 @@ def dom_assertion(inputs: P19Inputs, ctx: RunContext) -> StepResult:
                                        wait_until=inputs.wait_until, wait_for_selector=inputs.wait_for_selector,
                                        settle_ms=inputs.settle_ms, guard=guard)
             if rendered.unreachable or (rendered.status is None and rendered.error):
-                return rendered, []
+                return rendered, [], None
         else:
             await page.set_content(stored, wait_until="domcontentloaded", timeout=deadline.ms())
         results = []
         for item in inputs.assertions:
             results.append(await _assert_one(page, item, min(inputs.assertion_timeout_ms, deadline.ms()) if url else 0))
-        return rendered, results
+        return rendered, results, (rendered.raw_html if rendered is not None else stored)
 
-    try:
-        (rendered, results), guard_summary = _with_guard(ctx, inputs, identity if url else None, work, budget,
-                                                         javascript=url is not None, block_all=url is None)
-    except BrowserTimeout:
-        return _timeout_result("P19", budget)
-    evidence: dict[str, Any] = {"source": url or "last rendered page", "assertions": results, **guard_summary}
+    rendered: Rendered | None = None
+    guard_summary: dict[str, Any] = {}
+    results: list[dict[str, Any]] = []
+    source: str | None = stored
+    if inputs.assertions or url is not None:  # text checks alone on a page we already have need no browser
+        try:
+            (rendered, results, source), guard_summary = _with_guard(ctx, inputs, identity if url else None, work, budget,
+                                                                     javascript=url is not None, block_all=url is None)
+        except BrowserTimeout:
+            return _timeout_result("P19", budget)
+    if inputs.source_contains_any and not (rendered is not None and rendered.error):
+        results = [*results, _source_check(inputs, source)]
+    evidence: dict[str, Any] = {"source": url or where, "assertions": results, **guard_summary}
     if rendered is not None:
         evidence["page"] = rendered.evidence()
         if rendered.error:
             return StepResult(passed=False, unreachable=rendered.unreachable, message=rendered.error, evidence=evidence)
     held = sum(1 for r in results if r["passed"])
     value = {"passed": held, "total": len(results), "ratio": round(held / len(results), 4) if results else 0.0}
-    if held < len(results):
+    ok = held >= 1 if inputs.require == "any" else held == len(results)
+    label = f"{held}/{len(results)} DOM assertions hold" + (" (one is enough)" if inputs.require == "any" else "")
+    if not ok:
         bad = next(r for r in results if not r["passed"])
-        return StepResult(passed=False, value=value, evidence=evidence,
-                          message=f"{held}/{len(results)} DOM assertions hold; {bad['selector']!r}: {bad.get('message', '')}")
-    return StepResult(passed=True, value=value, evidence=evidence, message=f"{held}/{len(results)} DOM assertions hold")
+        what = repr(bad["selector"]) if bad.get("selector") else "source_contains_any"
+        return StepResult(passed=False, value=value, evidence=evidence, message=f"{label}; {what}: {bad.get('message', '')}")
+    return StepResult(passed=True, value=value, evidence=evidence, message=label)

@@ -26,6 +26,7 @@ from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_ali
 from saasbench.results import StepResult
 
 EVIDENCE_CHARS = 2000
+LOG_CAPTURE_CHARS = 20000  # of a log P21 read, kept as {{last_container_logs}}
 
 
 def _environment(ctx: RunContext, code: str) -> Any:
@@ -160,7 +161,8 @@ def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
 class P21Inputs(PrimitiveInputs):
     log_path: str = Field(default="log/production.log",
                           description="A log file relative to the workspace, or the name of a service the environment started (e.g. 'app')")
-    pattern: str = Field(min_length=1, description="Text to find (contains/icontains) or a Python regex (regex)")
+    pattern: str = Field(description="Text to find (contains/icontains) or a Python regex (regex); empty: only read "
+                         "the log (evidence for a judge) and pass when it could be read")
     match_type: MatchType = Field(default="contains", description="contains (case-sensitive), icontains, or regex (MULTILINE)")
     tail_lines: int = Field(default=200, ge=1, description="Search only the last N lines")
     expect_match: bool = Field(default=True, description="false: pass when the pattern is absent")
@@ -178,6 +180,10 @@ class P21Inputs(PrimitiveInputs):
                 data["pattern"] = data.pop(key)
                 data.setdefault("match_type", "regex" if key == "regex" else "contains")
                 note(f"'{key}' -> 'pattern'")
+        if data.get("pattern") == "":
+            # xayqujrv: {"pattern": "", "tail_lines": 200} before a P17 that judges the logs; its reference
+            # tails the log, keeps it for the judge and passes ("no pattern")
+            note("empty 'pattern': the step only reads the log (kept as {{last_container_logs}} for a judge)")
         _normalise_match_type(data)
         return data
 
@@ -220,6 +226,13 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
         except (PathEscape, EnvError, IsADirectoryError, OSError) as exc:
             return StepResult(passed=False, message=f"cannot read log {inputs.log_path!r}: {exc}", evidence={"log_path": inputs.log_path})
         text = "\n".join(raw.decode("utf-8", errors="replace").splitlines()[-inputs.tail_lines:])
+    ctx.capture("last_container_logs", text[-LOG_CAPTURE_CHARS:])  # what a judge of the logs reads
+    if inputs.pattern == "":
+        lines = len(text.splitlines())
+        return StepResult(passed=True, message=f"read {lines} line(s) of {inputs.log_path} (no pattern: nothing checked)",
+                          value={"found": None, "lines": lines},
+                          evidence={"log_path": inputs.log_path, "source": source, "tail_lines": inputs.tail_lines,
+                                    "excerpt": _tail_chars(text, 1000)})
     if inputs.match_type == "regex":
         try:
             re.compile(inputs.pattern)

@@ -428,6 +428,9 @@ def _path_assertion(i: int, item: dict[str, Any]) -> PathAssertion:
     return PathAssertion(where, a)
 
 
+_COMMENT_KEYS = frozenset({"comment", "note", "description", "label", "name"})
+
+
 def parse_assertions(raw: list[Any] | None) -> list[Assertion | PathAssertion]:
     from saasbench.primitives.assertions import expand_assertion
 
@@ -435,6 +438,11 @@ def parse_assertions(raw: list[Any] | None) -> list[Assertion | PathAssertion]:
     for i, item in enumerate(raw or []):
         if not isinstance(item, dict):
             raise ValueError(f"assertions[{i}] must be an object {{field, operator, expected}}")
+        if item and set(item) <= _COMMENT_KEYS:
+            # iyjruvfz: {"comment": "... here we additionally verify db reachability"}; the reference
+            # P07 counts a comment-only assertion as passed ("placeholder"), so it checks nothing
+            note(f"assertions[{i}] is only a comment: a placeholder that checks nothing (dropped)")
+            continue
         if "field" not in item and "column" not in item and "path" in item:
             out += [_path_assertion(i, x) for x in expand_assertion(item)]
             continue
@@ -656,6 +664,20 @@ class P08Inputs(PrimitiveInputs):
             if alias in data and "sql" not in data:
                 data["sql"] = data.pop(alias)
                 note(f"{alias} -> sql")
+        if "store_field_as" in data and "save_id" not in data:
+            # sgdoserd: capture the first column of the first row (its reference: rows[0][0], stripped)
+            data["save_id"] = data.pop("store_field_as")
+            note("'store_field_as' -> 'save_id' (the first column of the first row)")
+        if "capture_only" in data:
+            flag = data.pop("capture_only")
+            if flag is True and data.get("save_id") is None and data.get("store_as") is None:
+                warn("capture_only without save_id/store_field_as/store_as: nothing is captured (ignored)", "capture_only")
+            elif flag is True:
+                dropped = [k for k in ("expected_result", "expected", "assertions") if data.pop(k, None) is not None]
+                note("'capture_only: true': the step only captures"
+                     + (f" ({', '.join(dropped)} ignored, as in the reference)" if dropped else ""))
+            elif flag is not False:
+                warn(f"capture_only {flag!r} is not a boolean (ignored)", "capture_only")
         if "expected_result_condition" in data:  # gmdnohlg: "cnt >= 1", "row_count >= 1"
             condition = data.pop("expected_result_condition")
             m = _CONDITION.match(condition) if isinstance(condition, str) else None
@@ -977,12 +999,27 @@ class P10Inputs(PrimitiveInputs):
             cols = data.pop("columns")
             data["expected_columns"] = list(data.get("expected_columns") or []) + list(cols or [])
             note("columns [{name, type}] -> expected_columns")
+        if isinstance(data, dict) and isinstance(data.get("column_type_check"), dict):
+            # lgzivily: {"expected_columns": [...], "column_type_check": {"log_from": "varchar(20)"}}; its
+            # reference: each such column exists and the type text is a substring of its DATA_TYPE/COLUMN_TYPE
+            data = dict(data)
+            types = data.pop("column_type_check")
+            columns = list(data.get("expected_columns") or [])
+            for name, wanted in types.items():
+                at = next((i for i, c in enumerate(columns) if c == name or (isinstance(c, dict) and c.get("name") == name)), None)
+                spec = {**(columns[at] if at is not None and isinstance(columns[at], dict) else {"name": name}), "type": wanted}
+                if at is None:
+                    columns.append(spec)
+                else:
+                    columns[at] = spec
+            data["expected_columns"] = columns
+            note("column_type_check {column: type} -> expected_columns [{name, type}]")
         return data
 
     @model_validator(mode="after")
     def _non_empty(self) -> "P10Inputs":
         if not self.expected_columns:
-            raise ValueError("P10 needs at least one column in 'expected_columns' (or 'columns')")
+            raise ValueError("P10 needs at least one column in 'expected_columns' (or 'columns', 'column_type_check')")
         return self
 
     def specs(self) -> list[ColumnSpec]:
@@ -1060,6 +1097,41 @@ class IndexSpec(PrimitiveInputs):
         return data
 
 
+def _index_dialects(data: dict[str, Any]) -> None:
+    """Single-index shorthands of the public DAGs -> ``expected_indexes: [{columns, unique}]``.
+
+    - iyjruvfz: ``{"column": "uid", "is_unique": true}`` (its reference P11 reads only
+      ``expected_indexes``, so these steps passed there with nothing checked: "0/0 indexes");
+    - sgdoserd: ``{"expected_columns": ["name", "teamid"], "unique_required": true}`` (its
+      reference: one index whose definition names every column, UNIQUE when required);
+    - kmasmnil: ``expected_indexes: [["surveyId", "created_at"], ...]`` (a column list per index;
+      its reference: an index whose definition names every column of the list).
+    """
+    if "expected_indexes" not in data and "indexes" not in data:
+        if "column" in data and "columns" not in data:
+            column = data.pop("column")
+            data["columns"] = column if isinstance(column, list) else [column]
+            note("'column' -> one expected index on that column")
+        if "is_unique" in data and "unique" not in data and "columns" in data:
+            data["unique"] = data.pop("is_unique")
+            note("'is_unique' -> the expected index's 'unique'")
+        if "expected_columns" in data and "columns" not in data:
+            columns = data.pop("expected_columns")
+            unique = data.pop("unique_required", None)
+            spec: dict[str, Any] = {"columns": columns if isinstance(columns, list) else [columns]}
+            if unique is True:
+                spec["unique"] = True
+            elif unique not in (None, False):
+                spec["unique"] = unique  # validated (and rejected) as the index's 'unique'
+            data["expected_indexes"] = [spec]
+            note("'expected_columns'" + (" + 'unique_required'" if unique is not None else "")
+                 + " -> one expected index covering every column" + (" (UNIQUE)" if unique is True else ""))
+    items = data.get("expected_indexes")
+    if isinstance(items, list) and any(isinstance(i, list) for i in items):
+        data["expected_indexes"] = [{"columns": i} if isinstance(i, list) else i for i in items]
+        note("expected_indexes entries given as column lists -> {columns: [...]}")
+
+
 class P11Inputs(PrimitiveInputs):
     table: str | None = Field(default=None, description="Table whose indexes are checked (default: every visible table)")
     expected_indexes: list[IndexSpec | str] = Field(default_factory=list, description="[{columns, unique?, name?}] or regexes on index name/definition")
@@ -1070,6 +1142,7 @@ class P11Inputs(PrimitiveInputs):
         if isinstance(data, dict):
             data = dict(data)
             rename_aliases(data, "table", ("collection",))
+            _index_dialects(data)
             single = {k: data.pop(k) for k in ("index_name", "columns", "fields", "unique", "pattern") if k in data}
             if single and "expected_indexes" not in data and "indexes" not in data:
                 # ychlukjm: {"table", "index_name": "PRIMARY", "columns": [...]} -> expected_indexes: [{...}]

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from saasbench.context import RunContext
-from saasbench.dag import note
+from saasbench.dag import StepDefect, note
 from saasbench.primitives.registry import PrimitiveInputs, primitive
 from saasbench.results import StepResult
 
@@ -215,7 +215,7 @@ def _path_legacy(data: Any) -> Any:
     if isinstance(data.get("path"), list):
         extra.extend(data.pop("path"))
         note("'path' given as a list -> 'path_any_of'")
-    for key in ("paths", "alt_paths"):
+    for key in ("paths", "alt_paths", "any_of"):  # rjhcjrst P01: {"any_of": [...]}: the first that exists
         if key in data:
             value = data.pop(key)
             extra.extend(value if isinstance(value, list) else [value])
@@ -260,7 +260,14 @@ class P01Inputs(_PathInputs):
 
 
 class P02Inputs(_PathInputs):
-    pattern: str = Field(min_length=1, description="Text to find (contains/icontains) or a Python regex (regex)")
+    pattern: str | None = Field(default=None, min_length=1, description="Text to find (contains/icontains) or a Python regex (regex)")
+    patterns: list[str | list[str]] = Field(default_factory=list, description="More patterns that must all be found in the same "
+                                            "text; an entry that is a list (legacy {any_of: [...]}) is found when any of its "
+                                            "alternatives is (dfhjkeb)")
+    source: Literal["workspace", "last_response", "command_output"] = Field(
+        default="workspace", description="What is searched: workspace files (path), the raw text of the last HTTP response "
+        "(legacy: no path after a request, cvyocaao), or a field of the last command's output (legacy: output_var, sgdoserd)")
+    output_var: str = Field(default="stdout", description="command_output: the field searched (stdout, stderr or output)")
     match_type: Literal["contains", "regex", "icontains"] = Field(
         default="contains",
         description="contains: case-SENSITIVE substring (one reference family was case-insensitive: use icontains); "
@@ -274,6 +281,18 @@ class P02Inputs(_PathInputs):
         data = _path_legacy(data)
         if not isinstance(data, dict):
             return data
+        if "patterns" in data:  # dfhjkeb: {"patterns": ["typescript", {"any_of": ["express", "koa"]}]}
+            data["patterns"] = _pattern_groups(data["patterns"])
+            if "match_type" not in data:
+                data["match_type"] = "icontains"  # the dfhjkeb harness lowercases pattern and text for 'contains'
+                note("'patterns' without match_type -> icontains (the dfhjkeb reference matches case-insensitively)")
+            note("'patterns' -> every pattern must be found; {any_of: [...]} -> any of the alternatives")
+        if "output_var" in data and "source" not in data:  # sgdoserd: P12 then {"output_var": "stdout", "pattern": ...}
+            data["source"] = "command_output"
+            note(f"'output_var' -> source command_output (the {data['output_var']!r} of the last command)")
+        if "source" not in data and not any(data.get(k) for k in ("path", "path_any_of")):
+            data["source"] = "last_response"  # cvyocaao: P04 then P02 {"pattern": "EntityDescriptor"} (its P02 reads the last response)
+            note("no path -> source last_response (the raw text of the last HTTP response, as in the cvyocaao reference)")
         for key, mtype in (("regex", "regex"), ("contains", "contains"), ("expected", "contains"), ("text", "contains")):
             if key in data and "pattern" not in data and isinstance(data[key], str):
                 data["pattern"] = data.pop(key)
@@ -307,6 +326,44 @@ class P02Inputs(_PathInputs):
         if isinstance(exts, str):
             data["allowed_exts"] = [exts]
         return data
+
+    @model_validator(mode="after")
+    def _need_path(self):  # overrides _PathInputs._need_path: only workspace searches need a path
+        if self.source == "workspace" and self.path is None and not self.path_any_of:
+            raise StepDefect("no 'path' or 'path_any_of': the step names no file")
+        if self.source != "workspace" and (self.path is not None or self.path_any_of):
+            raise StepDefect(f"source {self.source} searches no file, yet 'path' names one")
+        if self.pattern is None and not self.patterns:
+            raise StepDefect("no 'pattern' (or 'patterns'): the step searches for nothing")
+        return self
+
+    @property
+    def groups(self) -> list[list[str]]:
+        """Every group must be found; a group is found when any of its alternatives is."""
+        return ([[self.pattern]] if self.pattern is not None else []) + [[p] if isinstance(p, str) else list(p) for p in self.patterns]
+
+    @property
+    def label(self) -> str:
+        groups = self.groups
+        if len(groups) == 1 and len(groups[0]) == 1:
+            return repr(groups[0][0])
+        return " and ".join(repr(g[0]) if len(g) == 1 else "any of " + repr(g) for g in groups)
+
+
+def _pattern_groups(value: Any) -> list[Any]:
+    items = value if isinstance(value, list) else [value]
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, dict) and set(item) == {"any_of"} and isinstance(item["any_of"], list) and item["any_of"] \
+                and all(isinstance(x, str) and x for x in item["any_of"]):
+            out.append(list(item["any_of"]))
+        elif isinstance(item, str) and item:
+            out.append(item)
+        else:
+            raise StepDefect(f"patterns: each entry is a string or {{any_of: [strings]}}, got {item!r}")
+    if not out:
+        raise StepDefect("patterns is empty: the step searches for nothing")
+    return out
 
 
 class P03Inputs(PrimitiveInputs):
@@ -372,22 +429,38 @@ def file_exists(inputs: P01Inputs, ctx: RunContext) -> StepResult:
 
 # --- P02 -------------------------------------------------------------------------------------------
 def _matcher(inputs: P02Inputs) -> Callable[[str], int | None]:
-    """A function returning the offset of the first match in a text, or None. Raises re.error."""
-    if inputs.match_type == "regex":
-        rx = re.compile(inputs.pattern, re.MULTILINE)
+    """A function returning the offset of the first group's match in a text when every pattern group
+    matches, else None. Raises re.error."""
+    finders = [[_finder(p, inputs.match_type) for p in group] for group in inputs.groups]
+
+    def find_all(text: str) -> int | None:
+        first: int | None = None
+        for index, group in enumerate(finders):
+            hit = next((pos for pos in (f(text) for f in group) if pos is not None), None)
+            if hit is None:
+                return None
+            if index == 0:
+                first = hit
+        return first
+    return find_all
+
+
+def _finder(pattern: str, match_type: str) -> Callable[[str], int | None]:
+    if match_type == "regex":
+        rx = re.compile(pattern, re.MULTILINE)
 
         def find_rx(text: str) -> int | None:
             m = rx.search(text)
             return m.start() if m else None
         return find_rx
-    if inputs.match_type == "icontains":
-        needle_ci = inputs.pattern.casefold()
+    if match_type == "icontains":
+        needle_ci = pattern.casefold()
 
         def find_ci(text: str) -> int | None:
             pos = text.casefold().find(needle_ci)  # offsets may drift for the few letters casefold expands
             return pos if pos >= 0 else None
         return find_ci
-    needle = inputs.pattern
+    needle = pattern
 
     def find(text: str) -> int | None:
         pos = text.find(needle)
@@ -409,14 +482,17 @@ def _line_of(text: str, pos: int) -> tuple[int, str]:
 
 @primitive("P02", P02Inputs)
 def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
-    """A workspace file, or any text file under a workspace directory, contains a pattern."""
-    ws = workspace_for(ctx)
-    if isinstance(ws, str):
-        return StepResult(passed=False, message=ws)
+    """A workspace file, or any text file under a workspace directory, contains a pattern (or the last
+    response's text, or the last command's output, per ``source``)."""
     try:
         find = _matcher(inputs)
     except re.error as exc:
-        return StepResult(passed=False, message=f"invalid regex {inputs.pattern!r}: {exc}")
+        return StepResult(passed=False, message=f"invalid regex in {inputs.label}: {exc}")
+    if inputs.source != "workspace":
+        return _match_text(inputs, ctx, find)
+    ws = workspace_for(ctx)
+    if isinstance(ws, str):
+        return StepResult(passed=False, message=ws)
     exts = tuple(e if e.startswith(".") else f".{e}" for e in inputs.allowed_exts)
     walk = _Walk(ctx)
     matches: list[dict[str, Any]] = []
@@ -473,7 +549,8 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
             problems.append(f"{rel}: cannot read: {exc.strerror or exc}")
 
     evidence: dict[str, Any] = {
-        "pattern": inputs.pattern, "match_type": inputs.match_type, "matched": [m["file"] for m in matches],
+        "pattern": inputs.pattern if not inputs.patterns else inputs.groups, "match_type": inputs.match_type,
+        "matched": [m["file"] for m in matches],
         "matches": matches, "files_scanned": scanned, "files_walked": walk.files,
     }
     if too_large or binary:
@@ -483,11 +560,39 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
         evidence["limits"] = limits
     if matches:
         first = matches[0]
-        return StepResult(passed=True, message=f"{inputs.match_type} {inputs.pattern!r} found in {first['file']}:{first['line']}",
+        return StepResult(passed=True, message=f"{inputs.match_type} {inputs.label} found in {first['file']}:{first['line']}",
                           value={"file": first["file"], "line": first["line"]}, evidence=evidence)
     detail = "; ".join(p for p in problems + ([limits] if limits else []) if p)
-    message = f"{inputs.match_type} {inputs.pattern!r} not found in {scanned} file(s)" + (f" ({detail})" if detail else "")
+    message = f"{inputs.match_type} {inputs.label} not found in {scanned} file(s)" + (f" ({detail})" if detail else "")
     return StepResult(passed=False, message=message, evidence=evidence)
+
+
+def _match_text(inputs: P02Inputs, ctx: RunContext, find: Callable[[str], int | None]) -> StepResult:
+    """P02 on the last HTTP response's raw text or on a field of the last command's output."""
+    if inputs.source == "last_response":
+        response = ctx.last_response
+        if response is None:
+            return StepResult(passed=False, message="no HTTP response to search: P02 without a path reads the last "
+                              "response, and no earlier step in this run got one")
+        text, where = response.text or "", f"the last response ({response.method} {response.url} -> {response.status})"
+    else:
+        output = ctx.last_document
+        if not isinstance(output, dict) or "exit_code" not in output:
+            return StepResult(passed=False, message=f"no command output to search: output_var {inputs.output_var!r} reads "
+                              "the last command's output (P12), and the last step did not run a command")
+        if inputs.output_var not in output or not isinstance(output[inputs.output_var], str):
+            return StepResult(passed=False, message=f"the last command's output has no text field {inputs.output_var!r} "
+                              f"(fields: {', '.join(k for k, v in output.items() if isinstance(v, str))})")
+        text, where = output[inputs.output_var], f"the last command's {inputs.output_var}"
+    hit = find(text)
+    evidence: dict[str, Any] = {"pattern": inputs.pattern if not inputs.patterns else inputs.groups,
+                                "match_type": inputs.match_type, "source": inputs.source, "chars": len(text)}
+    if hit is None:
+        return StepResult(passed=False, message=f"{inputs.match_type} {inputs.label} not found in {where} ({len(text)} chars)",
+                          evidence={**evidence, "excerpt": text[:300]})
+    line, snippet = _line_of(text, hit)
+    return StepResult(passed=True, message=f"{inputs.match_type} {inputs.label} found in {where}, line {line}",
+                      value={"line": line}, evidence={**evidence, "line": line, "text": snippet})
 
 
 # --- P03 -------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import hashlib
 import json
 import mimetypes
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -28,7 +29,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from saasbench.auth import LoginFailed
 from saasbench.context import RunContext, extract_id
-from saasbench.dag import note, warn
+from saasbench.dag import StepDefect, note, warn
 from saasbench.http import HttpResponse, Identity, ResponseTooLarge
 from saasbench.jsonpath import ABSENT, PathError, parse
 from saasbench.jsonpath import evaluate as path_value
@@ -563,14 +564,18 @@ def _step_text(step: dict[str, Any]) -> str:
 
 
 # --- P14 -----------------------------------------------------------------------------------------
+NOT_DENIED_REFUSALS = frozenset({401, 403})  # expected_result not_denied: any other status passes (sgdoserd)
+
+
 class P14Inputs(PrimitiveInputs):
     method: str = Field(default="GET", description="HTTP method of the action")
     path: str = Field(description="Path of the action (or give action: 'METHOD /path')")
     role: str | None = Field(default=None, description="Log in as this role for the check; the previous identity is restored after")
     token: str | None = Field(default=None, description="Explicit bearer token (e.g. an invalid one) instead of an identity")
     body: Any = Field(default=None, description="Request body (JSON)")
-    expected_result: Literal["allowed", "denied"] | None = Field(
-        default=None, description="Default: denied if every given status is >= 400, else allowed")
+    expected_result: Literal["allowed", "denied", "not_denied"] | None = Field(
+        default=None, description="Default: denied if every given status is >= 400, else allowed; not_denied (sgdoserd): "
+        "any status but 401/403 passes")
     expected_status: Statuses = Field(default_factory=list, description="Status code(s) that pass; with expected_result: denied they "
                                       "are added to the deny set, otherwise they replace the class defaults")
     acceptable_statuses: Statuses = Field(default_factory=list, description="More status codes that pass")
@@ -614,6 +619,11 @@ class P14Inputs(PrimitiveInputs):
                 else:
                     warn(f"expected_result {result!r} with no statuses: nothing decides between allowed and denied, "
                          "so the default (allowed = 2xx/3xx) applies (a DAG defect)", "expected_result")
+            elif lowered in ("not_denied", "not denied", "notdenied"):
+                data["expected_result"] = "not_denied"  # sgdoserd: passed = actual not in (401, 403)
+                if _as_statuses(data.get("expected_status")) or _as_statuses(data.get("acceptable_statuses")):
+                    warn("expected_result 'not_denied' ignores expected_status/acceptable_statuses (any status but "
+                         "401/403 passes, as in the sgdoserd reference; a DAG defect)", "expected_result")
         return data
 
     @property
@@ -654,7 +664,9 @@ def permission_check(inputs: P14Inputs, ctx: RunContext) -> StepResult:
     ctx.set_response(sent.response)
     status = sent.response.status
     wanted = inputs.outcome
-    if inputs.statuses and inputs.expected_result == "denied":
+    if wanted == "not_denied":
+        ok, rule = status not in NOT_DENIED_REFUSALS, f"not denied (not {sorted(NOT_DENIED_REFUSALS)})"
+    elif inputs.statuses and inputs.expected_result == "denied":
         # a declared status widens the deny set (a 404 for a hidden record is a denial too)
         allowed_set = inputs.statuses | DENIED_DEFAULT
         ok, rule = status in allowed_set, f"denied ({sorted(allowed_set)})"
@@ -1150,6 +1162,21 @@ class P23Inputs(PrimitiveInputs):
             return data
         data = dict(data)
         _capture_aliases(data)
+        if "upload" not in data and ("upload_path" in data or isinstance(data.get("files"), list)):
+            # sgdoserd: {upload_path, form_fields, files: [{field, filename, content_type, content_b64}]}
+            files = data.pop("files", None) or [{}]
+            first = files[0] if isinstance(files[0], dict) else {}
+            upload: dict[str, Any] = {"path": data.pop("upload_path", "/upload"), "fields": data.pop("form_fields", None) or {}}
+            for src, dst in (("field", "file_field"), ("filename", "file_name"), ("content_type", "content_type")):
+                if src in first:
+                    upload[dst] = first[src]
+            if "content_b64" in first:
+                upload["file_content"] = "base64:" + str(first["content_b64"])
+            upload["expected_status"] = [200, 201]
+            data["upload"] = upload
+            note("upload_path/form_fields/files[0] -> upload: {...} (one file part; passes on 200/201)")
+            if len(files) > 1:
+                warn(f"{len(files) - 1} more file part(s) not sent (one file per upload)", "files")
         flat = [k for k in ("method", "path", "file_name", "filename", "file_content", "file_size_kb", "content_type", "file_field",
                             "field_name", "fields", "extra_fields", "expected_status", "acceptable_statuses", "id_path", "graphql") if k in data]
         if flat and "upload" not in data:
@@ -1521,7 +1548,10 @@ def _state_assertions(value: Any) -> Any:
 class WorkflowStep(HttpFields):
     name: str | None = Field(default=None, description="Named in messages; its response record is {{<name>}} for later steps")
     method: str = Field(default="PUT", description="HTTP method (default PUT, as in the reference)")
-    path: str = Field(description="Path; {{id}}, {{<setup field>}}, {{setup.a.b}}, {{ids[0]}} and {{<earlier step>.body.x}} resolve")
+    path: str | None = Field(default=None, description="Path; {{id}}, {{<setup field>}}, {{setup.a.b}}, {{ids[0]}} and "
+                             "{{<earlier step>.body.x}} resolve. Required unless wait_s is set")
+    wait_s: float | None = Field(default=None, ge=0, description="A wait step: pause this long (bounded by the node deadline) "
+                                 "and send nothing (legacy: _wait_seconds)")
     body: Any = Field(default=None, description="JSON body")
     headers: dict[str, str] | None = Field(default=None, description="Extra headers (added to the identity's)")
     token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
@@ -1534,9 +1564,16 @@ class WorkflowStep(HttpFields):
         if isinstance(data, dict):
             data = dict(data)
             rename_aliases(data, "expect_status", ("expected_status",))
+            rename_aliases(data, "wait_s", ("_wait_seconds",))
             if "expect_state" in data:
                 data["expect_state"] = _state_assertions(data["expect_state"])
         return data
+
+    @model_validator(mode="after")
+    def _path_or_wait(self) -> WorkflowStep:
+        if self.path is None and self.wait_s is None:
+            raise ValueError("a workflow step needs a path (or wait_s for a wait step)")
+        return self
 
 
 class FinalVerify(PrimitiveInputs):
@@ -1554,10 +1591,46 @@ class FinalVerify(PrimitiveInputs):
         return data
 
 
+class ExternalVerify(PrimitiveInputs):
+    """xayqujrv's ``{_external_get: URL on the task's machine, expect_min_events, expect_signature_header_regex}``:
+    the task's own mock receiver, which a trial does not run at that address. Loads with a warning and
+    fails at run time with that reason (a harness limitation, not the app's)."""
+
+    external_get: str = Field(description="URL the reference GETs (legacy: _external_get)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ("_external_get" in data or "external_get" in data):
+            data = dict(data)
+            rename_aliases(data, "external_get", ("_external_get",))
+            for key in ("expect_min_events", "expect_signature_header_regex"):
+                data.pop(key, None)
+            warn("final_verify _external_get reads the task machine's own mock receiver; not supported here: the "
+                 "step fails at run time")
+        return data
+
+
 class P29Inputs(PrimitiveInputs):
     entity_setup: WorkflowSetup | None = Field(default=None, description="Create the entity; its id and every scalar field become placeholders of the steps")
-    steps: list[WorkflowStep] = Field(min_length=1, description="Run in order (all of them); each checks expect_status and expect_state")
-    final_verify: FinalVerify | list[FinalVerify] | None = Field(default=None, description="{db_query, expected} checked like P08 after the steps")
+    steps: list[WorkflowStep] = Field(default_factory=list, description="Run in order (all of them); each checks expect_status and expect_state")
+    final_verify: FinalVerify | ExternalVerify | list[FinalVerify | ExternalVerify] | None = Field(
+        default=None, description="{db_query, expected} checked like P08 after the steps")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "workflow" in data and not data.get("steps"):
+            # gavmyneb: {workflow: {trigger: "POST .../:course_id/...", poll: ...}, expected_states, terminal}
+            raise StepDefect("P29 'workflow' {trigger, poll} with expected_states describes a state machine whose routes "
+                             "have unbound :params; nothing runnable (the reference ran nothing and passed)")
+        return data
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> P29Inputs:
+        if not self.steps and self.entity_setup is None and not self.final_verify:
+            raise StepDefect("P29 has no steps, entity_setup or final_verify: it checks nothing")
+        return self
 
 
 def _setup_scope(body: Any, id_path: str | None) -> tuple[dict[str, Any], Any]:
@@ -1649,6 +1722,11 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
     resolver = ctx.resolver_with(scope)
     for index, step in enumerate(inputs.steps, 1):
         label = f"step {index}" + (f" {step.name!r}" if step.name else "")
+        if step.path is None and step.wait_s is not None:  # xayqujrv: {_wait_seconds: 3}
+            waited = max(0.0, min(step.wait_s, ctx.remaining() - 1.0))
+            time.sleep(waited)
+            record(label, True, f"waited {waited:g}s" + ("" if waited == step.wait_s else f" of {step.wait_s:g}s (node deadline)"))
+            continue
         try:
             raw = step.model_dump(exclude_unset=True)
             live = WorkflowStep.model_validate(resolver.resolve(raw))
@@ -1694,6 +1772,12 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
     checks = inputs.final_verify if isinstance(inputs.final_verify, list) else [inputs.final_verify] if inputs.final_verify else []
     for index, raw_check in enumerate(checks, 1):
         label = "final_verify" + (f" {index}" if len(checks) > 1 else "")
+        external = raw_check.external_get if isinstance(raw_check, ExternalVerify) else \
+            (raw_check.get("_external_get") or raw_check.get("external_get")) if isinstance(raw_check, dict) else None
+        if external:
+            record(label, False, f"not supported: GET {external} reads the task machine's own mock receiver, which a trial "
+                   "does not run at that address (a harness limitation)")
+            continue
         verify = raw_check if isinstance(raw_check, FinalVerify) else FinalVerify.model_validate(raw_check)
         with _Scoped(ctx, scope):  # {{id}} & co. are bound as SQL parameters by db_check, never spliced
             kwargs: dict[str, Any] = {"retry_ms": verify.retry_ms} if verify.retry_ms is not None else {}

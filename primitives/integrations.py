@@ -1,4 +1,5 @@
-"""Integration primitives: P24 queue_job_check, P27 webhook_delivery, P28 email_check, P_INGEST event_ingest.
+"""Integration primitives: P24 queue_job_check, P27 webhook_delivery, P28 email_check, P_INGEST event_ingest,
+and P30 totp_code (a TOTP code for an MFA flow, as task_sgdoserd's reference defines it).
 
 Each fires a *trigger* (an HTTP request to the app, or a command in the app's environment),
 then waits, bounded by the step's own limit and by the node deadline (``ctx.timeout()``), for an
@@ -47,6 +48,10 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+
+from saasbench.context import RunContext
+from saasbench.dag import note, warn
+from saasbench.placeholders import UnresolvedPlaceholder
 from saasbench.primitives.assertions import UNARY, Assertion, Doc, check, short
 from saasbench.primitives.db import db_check
 from saasbench.primitives.http import (
@@ -57,11 +62,7 @@ from saasbench.primitives.http import (
     response_evidence,
     send,
 )
-from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-
-from saasbench.context import RunContext
-from saasbench.dag import note, warn
-from saasbench.placeholders import UnresolvedPlaceholder
+from saasbench.primitives.registry import REGISTRY, PrimitiveInputs, primitive, rename_aliases
 from saasbench.receivers import (
     Delivery,
     MailMessage,
@@ -354,6 +355,15 @@ def _assert_all(ctx: RunContext, assertions: list[Assertion], doc: Doc) -> tuple
 
 
 # --- P24 queue_job_check -------------------------------------------------------------------------
+_NOOP_TRIGGERS = frozenset({"noop", "no-op", "no_op", "none", "null", "skip"})
+
+
+def _is_noop(trigger: Any) -> bool:
+    """``{type: noop}`` (and only a type): a trigger that fires nothing."""
+    return (isinstance(trigger, dict) and isinstance(trigger.get("type"), str)
+            and trigger["type"].strip().lower() in _NOOP_TRIGGERS
+            and not any(k in trigger for k in ("path", "url", "endpoint", "command", "cmd", "script")))
+
 class P24Inputs(PrimitiveInputs):
     trigger: Triggers = Field(default=None, description="What starts the job: {type: http, method, path, body} or {type: exec, command}; a list runs in order")
     verify: Verify = Field(description="{strategy: db_query, sql, expected_result} or {strategy: http, path, assertions}; polled")
@@ -369,6 +379,15 @@ class P24Inputs(PrimitiveInputs):
             rename_aliases(data, "sql", ("verify_sql", "query"))
             data["verify"] = {k: data.pop(k) for k in ("sql", "expected_result", "expected") if k in data}
             note("top-level sql/expected_result -> verify {strategy: db_query}")
+        trigger = data.get("trigger")
+        if _is_noop(trigger):
+            # ididetxj: {"trigger": {"type": "noop"}, "verify": {...}}: earlier steps started the job; its
+            # reference fires only 'http' triggers, so the step only polls
+            data["trigger"] = None
+            note(f"trigger type {trigger.get('type')!r}: nothing to fire, the step only polls 'verify'")
+        elif isinstance(trigger, list) and any(_is_noop(t) for t in trigger):
+            data["trigger"] = [t for t in trigger if not _is_noop(t)] or None
+            note("no-op trigger(s) dropped from the trigger list")
         return data
 
 
@@ -1082,3 +1101,71 @@ def event_ingest(inputs: IngestInputs, ctx: RunContext) -> StepResult:
     evidence["verify"] = checked.evidence
     return StepResult(passed=checked.passed, unreachable=checked.unreachable, evidence=evidence, value=checked.value,
                       message=f"{accepted} event(s) accepted by {inputs.endpoint}; verify: {checked.message}")
+
+
+# --- P30 totp_code -----------------------------------------------------------------------------------
+class P30Inputs(PrimitiveInputs):
+    """sgdoserd's P30 (defined in its reference primitives.py, not in the paper's table): compute the
+    current TOTP code of a secret, e.g. one a previous P08 captured after enrolling a user in MFA."""
+
+    secret: str | None = Field(default=None, description="Base32 TOTP secret ({{placeholders}} allowed); default: the "
+                               "captured value named by secret_context_key")
+    secret_context_key: str = Field(default="mfa_secret", min_length=1, description="Name of the captured value that "
+                                    "holds the secret (read as {{name}}) when 'secret' is not given")
+    store_as: str = Field(default="mfa_code", min_length=1, description="Capture the code as {{store_as}}")
+    step: int = Field(default=30, ge=1, le=3600, description="Time step in seconds (RFC 6238 X)")
+    digits: int = Field(default=6, ge=6, le=10, description="Code length")
+    offset: int = Field(default=0, ge=-10, le=10, description="Time steps added to the current one (-1: the previous code)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            rename_aliases(data, "secret_context_key", ("secret_from", "secret_var", "secret_key"))
+            rename_aliases(data, "store_as", ("save_as", "capture_as"))
+            rename_aliases(data, "step", ("period", "interval"))
+        return data
+
+
+def totp(secret: str, *, at: float | None = None, step: int = 30, digits: int = 6, offset: int = 0) -> str:
+    """RFC 6238 TOTP (HMAC-SHA1) of a base32 secret; spaces, case and missing padding are tolerated."""
+    import base64
+    import hashlib
+    import hmac
+    import struct
+
+    text = "".join(secret.split()).upper().rstrip("=")
+    key = base64.b32decode(text + "=" * (-len(text) % 8))
+    counter = int((time.time() if at is None else at) // step) + offset
+    digest = hmac.new(key, struct.pack(">Q", counter), hashlib.sha1).digest()
+    start = digest[-1] & 0x0F
+    code = (struct.unpack(">I", digest[start:start + 4])[0] & 0x7FFFFFFF) % (10 ** digits)
+    return str(code).zfill(digits)
+
+
+def totp_code(inputs: P30Inputs, ctx: RunContext) -> StepResult:
+    """Compute the current TOTP code of a secret and capture it as ``{{store_as}}``."""
+    source = "secret"
+    secret: Any = inputs.secret
+    if secret is None:
+        source = inputs.secret_context_key
+        try:
+            secret = ctx.resolve("{{" + inputs.secret_context_key + "}}")
+        except UnresolvedPlaceholder:
+            return StepResult(passed=False, message=f"no TOTP secret: nothing was captured as {{{{{inputs.secret_context_key}}}}}")
+    if not isinstance(secret, str) or not secret.strip():
+        return StepResult(passed=False, message=f"no TOTP secret: {source} is {short(secret)}")
+    try:
+        code = totp(secret, step=inputs.step, digits=inputs.digits, offset=inputs.offset)
+    except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
+        return StepResult(passed=False, message=f"TOTP secret from {source} is not base32: {exc}")
+    ctx.capture(inputs.store_as, code)
+    return StepResult(passed=True, message=f"TOTP code captured as {{{{{inputs.store_as}}}}} ({inputs.digits} digits)",
+                      value={"store_as": inputs.store_as, "digits": inputs.digits},
+                      evidence={"secret_from": source, "store_as": inputs.store_as, "step": inputs.step, "digits": inputs.digits})
+
+
+# P30 is not in the paper's table (no catalogue entry): registered with its name and group
+REGISTRY.register("P30", totp_code, P30Inputs, name="totp_code", group="auth",
+                  description="Compute the current TOTP code (RFC 6238) of a secret and capture it (sgdoserd)")

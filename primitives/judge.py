@@ -16,7 +16,11 @@ Outcomes:
 
 Evidence types: ``code_files`` (workspace sample, see :func:`saasbench.judge.code_evidence`),
 ``http_response_body``/``http_response_html`` (the last response), ``rendered_dom`` (set by
-RENDER_DOM), ``screenshot`` (PNG paths in ``screenshots``, sent as images, with the DOM as text).
+RENDER_DOM), ``screenshot`` (PNG paths in ``screenshots``, sent as images, with the DOM as text),
+``http_exchanges`` (the run's recorded HTTP exchanges, ``ctx.response_log``; only the last response
+when the context keeps no log), ``http_response_headers`` (the last response's headers, then the
+``files_to_sample``), ``db_query_result`` (the last P08 rows) and ``directory_listing`` (a workspace
+folder, ``base_dir``/``depth``). Public-DAG names map onto these (``_EVIDENCE_ALIASES``).
 The rubric text is taken verbatim (no placeholder resolution: rubrics quote templates).
 """
 
@@ -26,7 +30,6 @@ import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
-from saasbench.primitives.registry import PrimitiveInputs, primitive
 
 from saasbench.context import RunContext
 from saasbench.dag import note, warn
@@ -39,13 +42,19 @@ from saasbench.judge import (
     NoEvidence,
     code_evidence,
     dom_evidence,
+    exchanges_evidence,
+    headers_evidence,
+    listing_evidence,
     response_evidence,
+    rows_evidence,
     screenshot_evidence,
 )
+from saasbench.primitives.registry import PrimitiveInputs, primitive
 from saasbench.results import StepResult
 
-EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot", "logs"]
-# Evidence types DAGs name that no reference family collects: the step loads (with a warning) and
+EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot", "logs",
+                       "http_exchanges", "http_response_headers", "db_query_result", "directory_listing"]
+# Evidence types DAGs name that this engine does not collect: the step loads (with a warning) and
 # is reported judge-skipped at run time (SKIPPED_LLM, excluded from totals) instead of guessing.
 UNCOLLECTED_EVIDENCE = {"logs"}
 _EVIDENCE_TYPES = set(EvidenceType.__args__)
@@ -63,6 +72,15 @@ _EVIDENCE_ALIASES = {
     "last_body": "http_response_body", "response_body": "http_response_body", "api_response": "http_response_body",
     "http_response": "http_response_body", "last_response": "http_response_body",
     "html": "http_response_html", "dom": "rendered_dom", "screenshots": "screenshot",
+    # what each public family's reference collects under its own name (docs/dag-semantics.md "P17 evidence types")
+    "http_response_json": "http_response_body",  # lgzivily, rjhcjrst, jzssnoqp: the last response's JSON body
+    "multi_endpoint_responses": "http_response_body",  # lgzivily: only the last response's body preview
+    "page_html": "rendered_dom",  # xayqujrv: the HTML of the page P18 opened
+    "code_files_and_config": "code_files",  # lgzivily: the same files_to_sample walk as code_files
+    "api_responses": "http_exchanges",  # cvyocaao: every P04 exchange of the run, filtered by api_path_filters
+    "http_responses": "http_exchanges",  # ghmkznee: the run's response log
+    "http_response_payload": "http_exchanges",  # xayqujrv: the last body plus the run's last P04 payloads
+    "container_logs": "logs",  # xayqujrv: the log text its P21 step kept (this engine's P21 keeps none)
 }
 DEFAULT_SCORE_RANGE = (0.0, 5.0)  # the reference harness's default, used only when nothing else tells
 _RUBRIC_RANGE_RE = re.compile(
@@ -107,6 +125,12 @@ class P17Inputs(PrimitiveInputs):
     extensions: list[str] | None = Field(default=None, description="Only files with these extensions from dirs/globs/keywords")
     max_images: int = Field(default=MAX_IMAGES, ge=1, description="screenshot: the latest N screenshots are sent")
     rubric_id: str | None = Field(default=None, description="Rubric identifier (R01...), recorded with the call")
+    api_path_filters: list[str] = Field(default_factory=list, description="http_exchanges: only exchanges whose path contains "
+                                        "one of these (all when none does)")
+    max_exchanges: int = Field(default=20, ge=1, description="http_exchanges: the newest N exchanges")
+    base_dir: str = Field(default=".", description="directory_listing: the folder listed ('/app' and '/app/x' are the workspace "
+                          "root and x)")
+    depth: int = Field(default=2, ge=1, le=6, description="directory_listing: levels listed")
 
     @model_validator(mode="before")
     @classmethod
@@ -139,7 +163,10 @@ class P17Inputs(PrimitiveInputs):
                     warn(f"evidence_type {kind!r} asks for several kinds of evidence; the judge gets one: {chosen} "
                          f"({'the files_to_sample' if chosen == 'code_files' else 'the first kind this engine collects'})",
                          "evidence_type")
-            if canon in UNCOLLECTED_EVIDENCE:  # ychlukjm DOC_LLM_LOGGING_QUALITY: P12 prints logs, then P17 'logs'
+            if canon in UNCOLLECTED_EVIDENCE and str(kind).strip().lower() == "container_logs":
+                warn("evidence_type 'container_logs' judges the log text the xayqujrv reference's P21 step kept; this "
+                     "engine's P21 keeps no log text: the step is reported judge-skipped at run time", "evidence_type")
+            elif canon in UNCOLLECTED_EVIDENCE:  # ychlukjm DOC_LLM_LOGGING_QUALITY: P12 prints logs, then P17 'logs'
                 warn(f"evidence_type {canon!r} is collected by no reference harness family (code_files, http_response_body, "
                      "http_response_html, rendered_dom, screenshot): the step is reported judge-skipped at run time", "evidence_type")
         for key in ("max_score", "maxScore"):
@@ -162,6 +189,12 @@ class P17Inputs(PrimitiveInputs):
         if isinstance(data.get("files_to_sample"), str):
             data["files_to_sample"] = [data["files_to_sample"]]
             note("'files_to_sample' given as a string -> list")
+        if isinstance(data.get("api_path_filters"), str):
+            data["api_path_filters"] = [data["api_path_filters"]]
+        base = data.get("base_dir")
+        if isinstance(base, str) and (base.strip() == "/app" or base.strip().startswith("/app/")):
+            data["base_dir"] = base.strip()[len("/app"):].lstrip("/") or "."  # iyjruvfz: /app is the workspace
+            note(f"base_dir {base!r} -> {data['base_dir']!r} (the app's /app is the workspace)")
         return data
 
     @field_validator("score_range")
@@ -204,16 +237,31 @@ def resolve_range(inputs: P17Inputs, ctx: RunContext) -> tuple[tuple[float, floa
 def gather_evidence(inputs: P17Inputs, ctx: RunContext) -> Evidence | NoEvidence:
     kind = inputs.evidence_type
     if kind == "code_files":
+        return _code(inputs, ctx, inputs.total_chars)
+    if kind in ("http_response_body", "http_response_html"):
+        return response_evidence(ctx.last_response, total_chars=inputs.total_chars)
+    if kind == "http_exchanges":
+        log = getattr(ctx, "response_log", None)
+        responses = list(log) if log is not None else [ctx.last_response]
+        return exchanges_evidence(responses, path_filters=inputs.api_path_filters, max_exchanges=inputs.max_exchanges,
+                                  total_chars=inputs.total_chars, whole_log=log is not None)
+    if kind == "http_response_headers":  # gavmyneb: the headers, then the files_to_sample (CSP/CSRF config) when given
+        got = headers_evidence(ctx.last_response, total_chars=inputs.total_chars)
+        if isinstance(got, NoEvidence) or not inputs.files_to_sample:
+            return got
+        code = _code(inputs, ctx, max(500, inputs.total_chars - len(got.text) - 40))
+        if isinstance(code, NoEvidence):
+            return got
+        return Evidence(text=got.text + "\n\n## Source files\n" + code.text, kind=kind, summary={**got.summary, "code": code.summary})
+    if kind == "db_query_result":
+        return rows_evidence(ctx.last_document, total_chars=inputs.total_chars)
+    if kind == "directory_listing":
         from saasbench.primitives.files import workspace_for
 
         ws = workspace_for(ctx)
         if isinstance(ws, str):
             return NoEvidence(f"no evidence: {ws}")
-        return code_evidence(ws, inputs.files_to_sample, inputs.rubric_prompt, per_file_chars=inputs.per_file_chars,
-                             total_chars=inputs.total_chars, max_files=inputs.max_files, extensions=inputs.extensions,
-                             strategy=inputs.sample_strategy, remaining=ctx.remaining)
-    if kind in ("http_response_body", "http_response_html"):
-        return response_evidence(ctx.last_response, total_chars=inputs.total_chars)
+        return listing_evidence(ws, inputs.base_dir, depth=inputs.depth, total_chars=inputs.total_chars)
     dom = _latest(ctx, "rendered_dom")
     if kind == "rendered_dom":
         return dom_evidence(dom if isinstance(dom, str) else None, fallback=ctx.last_response, total_chars=inputs.total_chars)
@@ -223,6 +271,17 @@ def gather_evidence(inputs: P17Inputs, ctx: RunContext) -> Evidence | NoEvidence
     paths = [str(p) for p in shots] if isinstance(shots, (list, tuple)) else []
     return screenshot_evidence(paths, dom=dom if isinstance(dom, str) else None, max_images=inputs.max_images,
                                total_chars=inputs.total_chars)
+
+
+def _code(inputs: P17Inputs, ctx: RunContext, total_chars: int) -> Evidence | NoEvidence:
+    from saasbench.primitives.files import workspace_for
+
+    ws = workspace_for(ctx)
+    if isinstance(ws, str):
+        return NoEvidence(f"no evidence: {ws}")
+    return code_evidence(ws, inputs.files_to_sample, inputs.rubric_prompt, per_file_chars=inputs.per_file_chars,
+                         total_chars=total_chars, max_files=inputs.max_files, extensions=inputs.extensions,
+                         strategy=inputs.sample_strategy, remaining=ctx.remaining)
 
 
 def _latest(ctx: RunContext, name: str) -> Any:

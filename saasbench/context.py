@@ -6,7 +6,9 @@ file checks never opens a socket) and closes it at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,10 @@ from saasbench.placeholders import MISSING, Resolver
 if TYPE_CHECKING:
     from saasbench.auth import AuthManager, AuthProfile
     from saasbench.http import HttpClient, HttpResponse
+
+
+RESPONSE_LOG_MAX = 200  # responses kept for P17 http_exchanges
+RESPONSE_LOG_TEXT = 4_000  # chars of each response's text kept in the log
 
 
 @dataclass
@@ -70,6 +76,9 @@ class RunContext:
         self.nodes: dict[str, dict[str, Any]] = {}  # node id -> outputs, for {{NODE.field}}
         self.node_scope: dict[str, Any] = {}  # captures made by the node running now
         self.last_response: HttpResponse | None = None
+        # every response of the run, oldest first (P17 evidence http_exchanges: cvyocaao api_responses,
+        # ghmkznee http_responses, xayqujrv http_response_payload); bounded so a long run stays small
+        self.response_log: deque[HttpResponse] = deque(maxlen=RESPONSE_LOG_MAX)
         self.last_document: Any = MISSING  # what P07/P06 read: last body, P08 rows, P05 result
         self.last_created_id: Any = None
         self._http: HttpClient | None = None
@@ -120,6 +129,8 @@ class RunContext:
     # --- responses ------------------------------------------------------------------------------
     def set_response(self, response: "HttpResponse") -> None:
         self.last_response = response
+        # a light copy: the evidence shows the first 1,500 chars of each body, never the parsed body
+        self.response_log.append(dataclasses.replace(response, text=(response.text or "")[:RESPONSE_LOG_TEXT], body=None))
         self.last_document = response.body
         created = extract_id(response.body) if response.status in (200, 201) and response.method in ("POST", "PUT") else None
         if created is not None:
@@ -164,7 +175,7 @@ class RunContext:
         while self._closers:
             try:
                 self._closers.pop()()
-            except Exception:  # closing must never hide the run's results
+            except Exception:  # noqa: BLE001 - closing must never hide the run's results
                 pass
         self.resources.clear()
         if self._http is not None:

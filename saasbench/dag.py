@@ -53,12 +53,18 @@ _SCORING_KEYS = {"category", "subcategory", "method", "maxScore", "max_score"}
 
 
 class Step(BaseModel):
-    """One primitive invocation in a node's chain."""
+    """One primitive invocation in a node's chain.
+
+    ``defect``: why the step cannot mean anything (an input its primitive rejects with
+    :class:`StepDefect`, e.g. a workflow with nothing to run). The file still loads (a warning names the node
+    and the field); the node is ERROR at run time with this message and runs no step.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     type: str
     inputs: dict[str, Any] = Field(default_factory=dict)
+    defect: str | None = None
 
 
 class Scoring(BaseModel):
@@ -84,6 +90,11 @@ class Node(BaseModel):
     @property
     def max_score(self) -> float:
         return self.scoring.maxScore
+
+    @property
+    def defects(self) -> list[str]:
+        """``steps[i] (CODE): why`` for every defective step (see :attr:`Step.defect`)."""
+        return [f"steps[{i}] ({s.type}): {s.defect}" for i, s in enumerate(self.steps) if s.defect]
 
     @property
     def method(self) -> Method:
@@ -162,6 +173,13 @@ def note(message: str) -> None:
     bucket = _notes.get()
     if bucket is not None and message not in bucket:
         bucket.append(message)
+
+
+class StepDefect(ValueError):
+    """Raised by a primitive's input validator for a DAG defect: a step that cannot mean anything
+    (e.g. a workflow with nothing to run). Unlike other validation errors it does not fail the
+    file: the loader reports a warning naming the node and the field, and the node is ERROR at
+    run time with this message, running no step (:attr:`Step.defect`)."""
 
 
 _warnings: contextvars.ContextVar[list[tuple[str, str | None]] | None] = contextvars.ContextVar("saasbench_dag_warnings", default=None)
@@ -322,6 +340,16 @@ def _load_node(rn: Any, index: int, c: _Collector, validate_inputs: bool) -> Nod
     if "evidence" in rn:
         extras["evidence"] = rn["evidence"]
 
+    complexity_tier = rn.get("complexity_tier")
+    if isinstance(complexity_tier, (int, float)) and not isinstance(complexity_tier, bool):
+        complexity_tier = f"{complexity_tier:g}"
+        c.add("normalisation", f"complexity_tier {rn['complexity_tier']!r} (a number) -> {complexity_tier!r}",
+              node=node_id, field="complexity_tier")
+    elif complexity_tier is not None and not isinstance(complexity_tier, str):
+        c.add("warning", f"complexity_tier {complexity_tier!r} is not a string or number (ignored)",
+              node=node_id, field="complexity_tier")
+        complexity_tier = None
+
     kb_refs = rn.get("kb_refs") or []
     if isinstance(kb_refs, str):
         kb_refs = [kb_refs]
@@ -334,7 +362,7 @@ def _load_node(rn: Any, index: int, c: _Collector, validate_inputs: bool) -> Nod
             prereqs=list(dict.fromkeys(prereqs)),
             steps=steps,
             scoring=scoring,
-            complexity_tier=rn.get("complexity_tier"),
+            complexity_tier=complexity_tier,
             kb_refs=[str(k) for k in kb_refs],
             source_evidence=rn.get("source_evidence") if isinstance(rn.get("source_evidence"), dict) else None,
             run_last=run_last,
@@ -427,7 +455,7 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
     from saasbench.primitives.registry import REGISTRY  # the one registry of primitive codes
 
     spec = REGISTRY.spec(code)
-    if spec is None:
+    if spec is None:  # an error, as tests/test_loader.py pins (a plugin not loaded, or a typo)
         c.add("error", f"unknown primitive code {code!r}", node=node_id, field=f"{field}.type")
         return None
     if validate_inputs and spec.inputs is not None:
@@ -435,14 +463,22 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
         defects: list[tuple[str, str | None]] = []
         token = _notes.set(bucket)
         warn_token = _warnings.set(defects)
+        defect: str | None = None
         try:
             model = spec.inputs.model_validate(inputs)
         except ValidationError as exc:
-            for err in exc.errors():
+            errors = [e for e in exc.errors() if not _has_placeholder(e.get("input"))]  # placeholders: checked at run time
+            defect_errors = [e for e in errors if isinstance((e.get("ctx") or {}).get("error"), StepDefect)]
+            for err in errors:
                 loc = ".".join(str(p) for p in err["loc"])
-                if _has_placeholder(err.get("input")):
-                    continue  # resolved at run time; checked again then
-                c.add("error", f"{code}: {err['msg']}", node=node_id, field=f"{field}.inputs.{loc}" if loc else f"{field}.inputs")
+                where = f"{field}.inputs.{loc}" if loc else f"{field}.inputs"
+                if err in defect_errors:
+                    message = str(err["ctx"]["error"])
+                    defect = f"{defect}; {message}" if defect else message
+                    c.add("warning", f"{code}: {message} (a DAG defect; the node is ERROR at run time and runs no step)",
+                          node=node_id, field=where)
+                else:
+                    c.add("error", f"{code}: {err['msg']}", node=node_id, field=where)
             model = None
         finally:
             _notes.reset(token)
@@ -456,6 +492,8 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
                 if is_annotation(key, inputs.get(key)):
                     continue
                 c.add("warning", f"{code} input {key!r} not understood (ignored)", node=node_id, field=f"{field}.inputs.{key}")
+        if defect is not None:
+            return Step(type=code, inputs=inputs, defect=defect)
     return Step(type=code, inputs=inputs)
 
 

@@ -2,7 +2,9 @@
 
 One node at a time against the shared app state, in a stable topological order with
 ``run_last`` nodes at the end. A node runs only if every prerequisite PASSED; otherwise it is
-SKIPPED_DEPENDENCY (score 0, maxScore kept). Binary chains stop at the first failing step,
+SKIPPED_DEPENDENCY (score 0, maxScore kept). A node with a DAG defect the loader found
+(:attr:`saasbench.dag.Node.defects`: a step its primitive rejects as meaningless with
+:class:`saasbench.dag.StepDefect`) is ERROR without running any step. Binary chains stop at the first failing step,
 weighted chains run every step, llm-judge chains turn the judge's reply into points. Any
 exception inside a primitive makes the node ERROR with its message; nothing a primitive or the
 app does can crash the run. See docs/dag-semantics.md.
@@ -97,6 +99,9 @@ class Engine:
         )
         if self.options.dry_run:
             return NodeResult(**base, status=Status.DRY_RUN, message="dry run: not executed")
+        if node.defects:  # the loader warned; the node cannot mean anything, so nothing runs
+            return NodeResult(**base, status=Status.ERROR, score=0.0,
+                              message="DAG defect, no step run: " + "; ".join(node.defects))
         if node.method == "llm-judge" and not self.ctx.options.judge_enabled:
             # decided before gating and before any evidence step: no judge will read the evidence,
             # so rendering pages for it is wasted time (and its prerequisites do not matter)
@@ -127,7 +132,7 @@ class Engine:
             s0 = time.perf_counter()
             try:
                 result = self._run_step(step.type, step.inputs)
-            except Exception as exc:  # a primitive crashed: ERROR, chain stops, run goes on
+            except Exception as exc:  # noqa: BLE001 - a primitive crashed: ERROR, chain stops, run goes on
                 records.append(StepRecord(index=index, type=step.type, passed=False, error=True,
                                           message=f"{type(exc).__name__}: {exc}", duration_ms=_ms(s0),
                                           evidence={"traceback": traceback.format_exc(limit=6)}))
@@ -164,6 +169,11 @@ class Engine:
         try:
             inputs = spec.inputs.model_validate(resolved)
         except ValidationError as exc:
+            from saasbench.dag import StepDefect
+
+            defects = [str(e["ctx"]["error"]) for e in exc.errors() if isinstance((e.get("ctx") or {}).get("error"), StepDefect)]
+            if defects:  # a defect only visible once placeholders resolved: the node is ERROR, as at load time
+                raise StepDefect("; ".join(defects)) from None
             detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'inputs'}: {e['msg']}" for e in exc.errors()[:3])
             return StepResult(passed=False, message=f"{code} inputs invalid after placeholder resolution: {detail}")
         return spec.fn(inputs, self.ctx)

@@ -53,6 +53,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from saasbench import failures as _failures
+
 # --- the paper's template (Appendix C.2), verbatim -----------------------------------------------
 SYSTEM_TEMPLATE = (
     "You are an expert evaluator. Score the evidence against the rubric. Respond ONLY with a JSON "
@@ -310,8 +312,8 @@ class JudgeVerdict(BaseModel):
         return self.error is None and self.score is not None
 
 
-class JudgeError(Exception):
-    """A failed call: ``transient`` ones are retried."""
+class JudgeError(_failures.JudgeError):
+    """A failed judge call (the judge_error outcome of saasbench.failures): ``transient`` ones are retried."""
 
     def __init__(self, message: str, transient: bool, retry_after: float | None = None):
         super().__init__(message)
@@ -1119,3 +1121,130 @@ def screenshot_evidence(paths: Sequence[str | Path], *, dom: str | None = None, 
         lines += ["", "## Rendered DOM", dom[:room] + (f"\n[first {room} of {len(dom)} chars]" if len(dom) > room else "")]
     return Evidence(text="\n".join(lines), kind="screenshot", images=images,
                     summary={"screenshots": names, "problems": problems, "with_dom": bool(dom), "chars": sum(map(len, lines))})
+
+
+# --- evidence of the public-DAG dialects (docs/dag-semantics.md "P17 evidence types") ---------------
+EXCHANGE_BODY_CHARS = 1_500
+MAX_EXCHANGES = 20
+LISTING_MAX_ENTRIES = 200
+
+
+def _request_path(response: Any) -> str:
+    parts = urlsplit(str(getattr(response, "url", "") or ""))
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def _body_text(response: Any) -> str:
+    text = getattr(response, "text", None)
+    if isinstance(text, str):
+        return text
+    body = getattr(response, "body", None)
+    return body if isinstance(body, str) else json.dumps(body, indent=2, sort_keys=True, default=str)
+
+
+def exchanges_evidence(responses: Sequence[Any], *, path_filters: Sequence[str] = (), max_exchanges: int = MAX_EXCHANGES,
+                       body_chars: int = EXCHANGE_BODY_CHARS, total_chars: int = TOTAL_CHARS,
+                       whole_log: bool = True) -> Evidence | NoEvidence:
+    """The run's HTTP exchanges (oldest first; the newest ``max_exchanges``): method, path, status,
+    content type and the first ``body_chars`` of each body. ``path_filters`` keeps the exchanges
+    whose path contains one of them (all of them when none does, as the cvyocaao reference does).
+    ``whole_log`` False says the context kept only the last response."""
+    responses = [r for r in responses if r is not None]
+    if not responses:
+        return NoEvidence("no evidence: no HTTP exchange was recorded in this run", unreachable=True)
+    chosen = responses
+    filtered = False
+    if path_filters:
+        matching = [r for r in responses if any(f and f in _request_path(r) for f in path_filters)]
+        if matching:
+            chosen, filtered = matching, True
+    chosen = chosen[-max_exchanges:] if max_exchanges > 0 else []
+    head = [f"{len(chosen)} HTTP exchange(s) of this run, oldest first"
+            + (f" (paths containing {', '.join(map(repr, path_filters))})" if filtered else "")
+            + ("" if whole_log else " (only the last response is kept by this run)"), ""]
+    parts = ["\n".join(head)]
+    budget = total_chars - len(parts[0])
+    shown = 0
+    for i, r in enumerate(chosen, 1):
+        headers = getattr(r, "headers", {}) or {}
+        ctype = headers.get("content-type", "") if isinstance(headers, dict) else ""
+        body = _body_text(r)
+        cut = body[:body_chars]
+        piece = (f"--- exchange {i}: {getattr(r, 'method', '')} {_request_path(r)} -> {getattr(r, 'status', '?')}"
+                 + (f" ({ctype})" if ctype else "") + f" ---\n{cut}" + (f"\n[first {len(cut)} of {len(body)} chars]" if len(body) > len(cut) else "") + "\n")
+        if len(piece) > budget:
+            break
+        parts.append(piece)
+        budget -= len(piece)
+        shown += 1
+    if not shown:
+        return NoEvidence("no evidence: the recorded exchanges do not fit the evidence budget")
+    text = "\n".join(parts)
+    return Evidence(text=text, kind="http_exchanges", summary={"exchanges": shown, "recorded": len(responses), "filtered": filtered,
+                                                               "whole_log": whole_log, "chars": len(text)})
+
+
+def headers_evidence(response: Any, *, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
+    """The last response's status line and headers (gavmyneb ``http_response_headers``)."""
+    if response is None:
+        return NoEvidence("no evidence: no HTTP response whose headers could be judged", unreachable=True)
+    headers = getattr(response, "headers", {}) or {}
+    lines = [f"HTTP {getattr(response, 'status', '?')} for {getattr(response, 'method', '')} {_request_path(response)}",
+             "", "## Response headers"]
+    lines += [f"{k}: {v}" for k, v in sorted(headers.items())] if isinstance(headers, dict) else []
+    text = "\n".join(lines)[:total_chars]
+    return Evidence(text=text, kind="http_response_headers", summary={"status": getattr(response, "status", None),
+                    "headers": len(headers) if isinstance(headers, dict) else 0, "chars": len(text)})
+
+
+def rows_evidence(document: Any, *, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
+    """The rows of the last database query (lgzivily ``db_query_result``: the P08 result)."""
+    if not (isinstance(document, dict) and isinstance(document.get("rows"), list)):
+        return NoEvidence("no evidence: no database query result (db_query_result judges the rows of an earlier P08 step)")
+    rows = document["rows"]
+    body = json.dumps(rows, indent=1, ensure_ascii=False, sort_keys=True, default=str)
+    head = f"{len(rows)} row(s) returned by the last database query\n\n"
+    room = max(0, total_chars - len(head))
+    note = f"\n[first {room} of {len(body)} chars]" if len(body) > room else ""
+    text = head + body[:room] + note
+    return Evidence(text=text, kind="db_query_result", summary={"rows": len(rows), "chars": len(text), "truncated": bool(note)})
+
+
+def listing_evidence(fs: FileSource, base: str, *, depth: int = 2, max_entries: int = LISTING_MAX_ENTRIES,
+                     skip_dirs: frozenset[str] = EVIDENCE_SKIP_DIRS, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
+    """The files and folders under ``base`` down to ``depth`` levels (iyjruvfz ``directory_listing``),
+    breadth first in name order, at most ``max_entries``; the folders of ``skip_dirs`` are listed but
+    not entered."""
+    rel = _norm_entry(base)
+    if _escapes(rel):
+        return NoEvidence(f"no evidence: directory {base!r} is outside the workspace")
+    try:
+        st = fs.stat(rel) if rel != "." else None
+    except ValueError as exc:
+        return NoEvidence(f"no evidence: {exc}")
+    if rel != "." and (st is None or st.kind != "dir"):
+        return NoEvidence(f"no evidence: directory {base!r} not found in the workspace")
+    lines: list[str] = []
+    frontier = [(rel, 1)]
+    capped = False
+    while frontier and not capped:
+        current, level = frontier.pop(0)
+        for entry in fs.listdir(current):
+            if len(lines) >= max_entries:
+                capped = True
+                break
+            shown = entry.rel if rel == "." else entry.rel[len(rel) + 1:]
+            name = entry.rel.rsplit("/", 1)[-1]
+            if entry.kind == "dir":
+                lines.append(shown + "/")
+                if level < depth and name not in skip_dirs:
+                    frontier.append((entry.rel, level + 1))
+            else:
+                lines.append(shown)
+    header = f"Listing of {'the workspace root' if rel == '.' else rel} (depth {depth}, {len(lines)} entries" + (
+        f", stopped at {max_entries})" if capped else ")") + f"; folders not entered: {', '.join(sorted(skip_dirs))}\n\n"
+    text = (header + "\n".join(lines))[:total_chars]
+    if not lines:
+        return NoEvidence(f"no evidence: directory {base!r} is empty")
+    return Evidence(text=text, kind="directory_listing", summary={"base": rel, "depth": depth, "entries": len(lines),
+                                                                  "capped": capped, "chars": len(text)})

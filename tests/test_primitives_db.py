@@ -19,8 +19,8 @@ import saasbench.primitives.db  # noqa: F401  (registers P08-P11)
 from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import Dag, DagLoadError, load_dag_data
 from saasbench.db import (
-    DatabaseError,
     NO_DSN_MESSAGE,
+    DatabaseError,
     PostgresDatabase,
     bind_placeholders,
     get_database,
@@ -30,11 +30,6 @@ from saasbench.db import (
 from saasbench.engine import Engine
 from saasbench.primitives.registry import REGISTRY
 from saasbench.results import Status, StepResult
-
-try:  # tests/ is not a package; pytest puts it on sys.path
-    from pgserver import mariadb_server, mongo_server, postgres_server  # noqa: F401  (fixtures)
-except ImportError:  # pragma: no cover
-    from tests.pgserver import mariadb_server, mongo_server, postgres_server  # noqa: F401
 
 EVIL = "x'); DROP TABLE users; --"
 VARS = {

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from shared_data import CONFORMANCE_DIR
 
 from saasbench.auth import AuthProfile
 from saasbench.context import RunContext, RunOptions, Target
@@ -33,8 +34,6 @@ from saasbench.placeholders import UnresolvedPlaceholder
 from saasbench.primitives.http import render_graphql
 from saasbench.primitives.registry import REGISTRY
 from saasbench.results import Status, StepResult
-
-from shared_data import CONFORMANCE_DIR
 
 ADMIN_TOKEN = "T-admin"
 HOSTILE_ID = "x'); DROP TABLE sends; --"
@@ -589,7 +588,10 @@ def test_p29_inputs_validation() -> None:
     assert model.steps[0].expect_state[0].expected == "send-access" and model.steps[0].expect_state[0].op == "equals"
     literal = REGISTRY.spec("P29").inputs.model_validate({"steps": [{"path": "/x", "expect_state": {"path": "$.kind", "value": "array"}}]})
     assert literal.steps[0].expect_state[0].op == "equals"  # not P07's magic "array" -> is_array
-    assert any("steps" in e for e in load_errors("P29", {"steps": []}))
+    # nothing to run is a DAG defect (gavmyneb has one): the file loads, a warning names it, the node will be ERROR
+    empty = {"nodes": [{"id": "N", "steps": [{"type": "P29", "inputs": {"steps": []}}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    loaded = load_dag_data(empty)
+    assert any("checks nothing" in str(w) for w in loaded.warnings) and loaded.dag.nodes[0].steps[0].defect
     assert any("expect_status" in e for e in load_errors("P29", {"steps": [{"path": "/x", "expect_status": 99}]}))
     assert "'sql' -> 'db_query'" in normalisations("P29", {"steps": [{"path": "/x"}], "final_verify": {"sql": "SELECT 1"}})
 
