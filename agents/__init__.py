@@ -27,4 +27,6 @@ __all__ = ["Agent", "AgentNotFound", "Budget", "Trajectory", "TrajectoryEvent", 
 from saasbench.agents import builtin as _builtin  # noqa: F401
 
 # Registers the CLI adapters ``claude-code``, ``codex`` and ``openhands`` (imported after ``base``).
-from saasbench.agents import claude_code as _claude_code, codex as _codex, openhands as _openhands  # noqa: F401,E402
+from saasbench.agents import claude_code as _claude_code  # noqa: F401,E402
+from saasbench.agents import codex as _codex  # noqa: F401
+from saasbench.agents import openhands as _openhands  # noqa: F401

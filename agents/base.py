@@ -97,7 +97,7 @@ class Agent(ABC):
     #: by :meth:`new_trajectory` reports its events to it as they are recorded.
     on_event: Callable[[TrajectoryEvent], None] | None = None
 
-    def install(self, env: Environment) -> None:
+    def install(self, env: Environment) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Put the agent's runtime into the environment (CLI binaries, config). Default: nothing."""
 
     @abstractmethod

@@ -291,7 +291,7 @@ class BuiltinAgent(Agent):
                 wait = self._backoff(attempts - 1, err.retry_after)
                 traj.event("retry", text[:EVENT_TEXT_LIMIT], attempt=attempts, wait_s=round(wait, 3))
                 if traj.elapsed() + wait >= budget.wall_s:
-                    raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s would run out while backing off ({text})")
+                    raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s would run out while backing off ({text})") from None
                 self._sleep(wait)
                 continue
             break

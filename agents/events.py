@@ -41,7 +41,6 @@ from saasbench.agents.base import Agent, Budget
 
 if TYPE_CHECKING:
     from saasbench.agents.base import Trajectory
-
     from saasbench.environment import Environment
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -301,7 +301,7 @@ class AppProcess:
     def stop(self) -> None:
         try:
             self._conn.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a benchmark cleanup
             pass
         if self.proc.poll() is None:
             self.proc.terminate()

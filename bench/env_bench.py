@@ -176,9 +176,9 @@ def make_context(dest: Path, task: Any) -> Path:
 
 def trial(client: Any, task: Any, spec: EnvSpec, cache_dir: Path, timer: EnsureTimer, label: str) -> dict[str, Any]:
     import httpx
+
     from saasbench.agents import build_prompt, get_agent
     from saasbench.agents.base import Budget
-
     from saasbench.docker_env import DockerEnvironment
     from saasbench.environment import start_app
 

@@ -18,21 +18,20 @@ Two dispatch modes:
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.task_runners import ThreadPoolTaskRunner
+
+from saasbench import limits, settings
+from saasbench import sweep as core
+from saasbench.failures import EnvError, is_retryable
 from saasbench.flows.aggregate import aggregate_task, publish_artifacts
 from saasbench.flows.trial import record_failure_task, run_trial_task
 
-from saasbench import limits
-from saasbench import sweep as core
-from saasbench.failures import EnvError, is_retryable
-
-MAX_WORKERS = int(os.environ.get("SAASBENCH_MAX_WORKERS", "16"))
+MAX_WORKERS = int(settings.get("SAASBENCH_MAX_WORKERS") or "16")
 
 
 @task(name="write-sweep-row")

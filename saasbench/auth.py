@@ -154,7 +154,7 @@ def first_element(html_text: str, selector: str) -> tuple[str, dict[str, str]] |
     try:
         parser.feed(html_text)
         parser.close()
-    except Exception:  # html.parser is lenient; anything it still rejects ends the search
+    except Exception:  # noqa: BLE001 - html.parser is lenient; anything it still rejects ends the search
         pass
     return parser.found
 

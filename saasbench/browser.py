@@ -36,7 +36,6 @@ import asyncio
 import hashlib
 import html as _html
 import ipaddress
-import os
 import re
 import shutil
 import tempfile
@@ -49,6 +48,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urljoin, urlsplit
+
+from saasbench import settings
 
 if TYPE_CHECKING:
     from saasbench.context import RunContext
@@ -273,7 +274,7 @@ def sanitize_html(raw: str, *, strip_classes: bool = False, max_chars: int = DEF
     try:
         parser.feed(raw)
         parser.close()
-    except Exception:  # html.parser is lenient; never let odd markup crash a step
+    except Exception:  # noqa: BLE001 - html.parser is lenient; never let odd markup crash a step
         pass
     text = "".join(parser.out).strip()
     text = re.sub(r">\s+<", "> <", text)
@@ -321,7 +322,7 @@ def url_slug(url: str) -> str:
 
 # --- the session -----------------------------------------------------------------------------------
 def find_chromium() -> str | None:
-    configured = os.environ.get(CHROMIUM_ENV)
+    configured = settings.get(CHROMIUM_ENV)
     if configured:
         return configured
     for name in CHROMIUM_CANDIDATES:
@@ -471,12 +472,12 @@ class BrowserSession:
             request = route.request
             try:
                 navigation = request.is_navigation_request() and request.frame.parent_frame is None
-            except Exception:
+            except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                 navigation = False
             guard.block(request.url, navigation=navigation)
             try:
                 await route.abort("blockedbyclient")
-            except Exception:
+            except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                 pass
 
         await context.route(blocked, abort)
@@ -485,12 +486,12 @@ class BrowserSession:
                 guard.block(ws.url)
                 try:
                     await ws.close()
-                except Exception:
+                except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                     pass
 
             try:
                 await context.route_web_socket(blocked, ws_abort)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                 pass
 
         def on_page(page: Any) -> None:
@@ -509,7 +510,7 @@ class BrowserSession:
         context._saasbench_main = page
         try:
             page._saasbench_cdp = await asyncio.wait_for(context.new_cdp_session(page), 5.0)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             page._saasbench_cdp = None
         return page
 
@@ -518,7 +519,7 @@ class BrowserSession:
         if self._playwright is not None:
             try:
                 await asyncio.wait_for(self._playwright.stop(), CLOSE_TIMEOUT_S)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                 pass
             self._playwright = None
 
@@ -527,7 +528,7 @@ class BrowserSession:
         if browser is not None:
             try:
                 await asyncio.wait_for(browser.close(), CLOSE_TIMEOUT_S)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                 pass
         await self._stop_playwright()
 
@@ -535,7 +536,7 @@ class BrowserSession:
         """The Playwright driver this session started (a private attribute; best effort)."""
         try:
             return self._playwright._connection._transport._proc
-        except Exception:
+        except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             return None
 
     def close(self) -> None:
@@ -546,13 +547,13 @@ class BrowserSession:
         try:
             future = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
             future.result(timeout=2 * CLOSE_TIMEOUT_S + 5)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             # Graceful close hung: end the driver *this session* started (Chromium exits when its
             # pipe to the driver closes). Never a broad kill.
             if driver is not None and getattr(driver, "returncode", 0) is None:
                 try:
                     driver.kill()
-                except Exception:
+                except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
                     pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
@@ -579,7 +580,7 @@ def _looks_like_ip(host: str) -> bool:
 async def quietly(awaitable: Awaitable[Any]) -> None:
     try:
         await awaitable
-    except Exception:
+    except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
         pass
 
 
@@ -769,7 +770,7 @@ async def load_page(page: Any, url: str, *, deadline: Deadline, wait_until: str 
     reserve = min(CAPTURE_RESERVE_S, max(1.0, total / 3))
     try:
         response = await page.goto(url, wait_until="commit", timeout=deadline.ms(reserve))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
         out.error, out.unreachable = classify_navigation_error(url, exc, total)
         out.elapsed_ms = (time.monotonic() - started) * 1000
         out.final_url = _page_url(page)
@@ -779,12 +780,12 @@ async def load_page(page: Any, url: str, *, deadline: Deadline, wait_until: str 
     if wait_until != "commit":
         try:
             await page.wait_for_load_state(wait_until, timeout=deadline.ms(reserve))
-        except Exception:
+        except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             out.notes.append(f"load state {wait_until!r} not reached within the budget; the page was read as it was")
     if wait_for_selector and out.error is None:
         try:
             await page.wait_for_selector(wait_for_selector, state="attached", timeout=deadline.ms(reserve))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             out.error = f"selector {wait_for_selector!r} did not appear on {url}: {str(exc).splitlines()[0][:200]}"
     if settle_ms > 0 and not deadline.expired():
         await asyncio.sleep(min(settle_ms / 1000, deadline.left(reserve)))
@@ -801,7 +802,7 @@ async def load_page(page: Any, url: str, *, deadline: Deadline, wait_until: str 
         try:
             out.raw_html, out.raw_chars = await read_dom(page, capture_limit, deadline.left())
             out.raw_truncated = out.raw_chars > capture_limit
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             message = "renderer busy (timeout)" if isinstance(exc, asyncio.TimeoutError) else str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             out.error = out.error or f"could not read the DOM of {url}: {message}"
     out.elapsed_ms = (time.monotonic() - started) * 1000
@@ -811,7 +812,7 @@ async def load_page(page: Any, url: str, *, deadline: Deadline, wait_until: str 
 def _page_url(page: Any) -> str:
     try:
         return str(page.url)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
         return ""
 
 
@@ -828,7 +829,7 @@ async def screenshot_png(page: Any, *, full_page: bool, deadline: Deadline) -> t
             if isinstance(height, (int, float)) and height > MAX_SCREENSHOT_HEIGHT:
                 kwargs["clip"] = {"x": 0, "y": 0, "width": viewport["width"], "height": MAX_SCREENSHOT_HEIGHT}
                 notes.append(f"page is {int(height)} px tall; screenshot clipped to {MAX_SCREENSHOT_HEIGHT} px")
-        except Exception:
+        except Exception:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
             kwargs["full_page"] = False
             notes.append("page height unavailable (renderer busy); viewport screenshot taken")
     data = await page.screenshot(timeout=deadline.ms(), **kwargs)

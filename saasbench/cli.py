@@ -25,6 +25,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from saasbench import settings
+
 if TYPE_CHECKING:
     from saasbench.dag import Issue, LoadResult
     from saasbench.results import RunReport
@@ -92,13 +94,11 @@ def agents_list() -> None:
 
 def _register_task_commands() -> None:
     """tasks list/show/import and validate-reference live in cli_tasks (imports stay light)."""
-    from saasbench.cli_tasks import tasks_app, validate_reference_cmd
-
     from saasbench.cli_env import env_app
-
     from saasbench.cli_flows import run_cmd, sweep_cmd
     from saasbench.cli_lake import compare_cmd, lake_app, report_cmd
     from saasbench.cli_rollout import rollout_cmd
+    from saasbench.cli_tasks import tasks_app, validate_reference_cmd
 
     app.add_typer(tasks_app, name="tasks")
     app.command("report")(report_cmd)
@@ -693,11 +693,10 @@ def demo(
     out_dir = out or _fresh_dir(Path("runs") / f"demo-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
     import datetime as dt
-    import os
 
     from saasbench import lake as lakelib
 
-    lake_uri = lake or os.environ.get("SAASBENCH_LAKE") or "runs/lake"
+    lake_uri = settings.lake_uri(lake)
     store = lakelib.lake_from_uri(lake_uri)
     sweep_id = f"demo-{_timestamp()}"
     lakelib.write_sweep(store, lakelib.sweep_row(sweep_id, name="saasbench demo", tasks=[spec.id], agents=list(DEMO_AGENTS),
@@ -710,7 +709,7 @@ def demo(
             bar = progress.add_task(f"{agent}: preparing", total=None)
             result = run_local_trial(
                 spec, agent, backend=backend,
-                on_node=lambda r, bar=bar: progress.update(bar, advance=1, description=f"{agent}: {r.id} {r.status.value}"),
+                on_node=lambda r, bar=bar, agent=agent: progress.update(bar, advance=1, description=f"{agent}: {r.id} {r.status.value}"),
                 say=lambda m, bar=bar: progress.update(bar, description=m, total=len(spec_nodes(spec))))
         report_path = out_dir / agent / "report.json"
         report_path.parent.mkdir(parents=True, exist_ok=True)
@@ -725,7 +724,7 @@ def demo(
     table = Table(title=f"Leaderboard: task {spec.id} ({backend} backend)", show_edge=False)
     for col in ("agent", "deterministic", "task score", "coverage", "statuses"):
         table.add_column(col, overflow="fold")
-    for agent, result, report_path in sorted(rows, key=lambda r: -(r[1].report.summary.deterministic_score or 0)):
+    for agent, result, _report in sorted(rows, key=lambda r: -(r[1].report.summary.deterministic_score or 0)):
         s = result.report.summary
         statuses = ", ".join(f"{k} {v}" for k, v in s.counts.model_dump().items() if v)
         table.add_row(agent, _fmt_num(s.deterministic_score), _fmt_num(s.task_score), _fmt_num(s.node_coverage, "%"), statuses)

@@ -7,7 +7,6 @@ lake is escaped before rich sees it (an agent or category name must never be par
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -16,15 +15,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from saasbench import settings
+
 if TYPE_CHECKING:
     from saasbench.aggregate import CompareReport, SweepReport
 
 EXIT_CANNOT_RUN = 2
-LAKE_ENV = "SAASBENCH_LAKE"      # saasbench.lake.store.ENV_LAKE (not imported: keeps --help fast)
-DEFAULT_LAKE = "runs/lake"       # saasbench.lake.store.DEFAULT_LAKE
+LAKE_ENV = "SAASBENCH_LAKE"
 
 LakeOption = Annotated[Optional[str], typer.Option(
-    "--lake", envvar=LAKE_ENV, help=f"Lake root: folder, file:///..., s3://bucket/prefix (default ${LAKE_ENV} or {DEFAULT_LAKE})")]
+    "--lake", envvar=LAKE_ENV, help=f"Lake root: folder, file:///..., s3://bucket/prefix (default ${LAKE_ENV} or {settings.DEFAULT_LAKE})")]
 
 
 def _console() -> Console:
@@ -150,7 +150,7 @@ def report_cmd(
     """
     from saasbench.aggregate import REPORT_TABLES, sweep_report
 
-    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    lake = settings.lake_uri(lake)
     try:
         if sweep:
             report = sweep_report(lake, sweep, pass_threshold=pass_threshold)
@@ -195,7 +195,7 @@ def compare_cmd(
     """
     from saasbench.aggregate import compare
 
-    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    lake = settings.lake_uri(lake)
     try:
         cmp = compare(lake, sweep_a, sweep_b, resamples=resamples, seed=seed)
     except Exception as exc:  # noqa: BLE001
@@ -221,7 +221,7 @@ def compact_cmd(
     """
     from saasbench.lake.batch import compact
 
-    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    lake = settings.lake_uri(lake)
     try:
         res = compact(lake, sweep_id=sweep, max_file_rows=max_file_rows)
     except Exception as exc:  # noqa: BLE001 - store/DuckDB errors become one line, exit 2
@@ -250,7 +250,7 @@ def merge_cmd(
     """
     from saasbench.lake.batch import merge_batches
 
-    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    lake = settings.lake_uri(lake)
     try:
         res = merge_batches(lake, max_batches=max_batches, max_file_rows=max_file_rows)
     except Exception as exc:  # noqa: BLE001 - store/DuckDB errors become one line, exit 2
@@ -273,7 +273,7 @@ def vacuum_cmd(
     """Delete Parquet files no commit lists (left by writes that crashed before committing)."""
     from saasbench.lake import vacuum
 
-    lake = lake or os.environ.get(LAKE_ENV) or DEFAULT_LAKE
+    lake = settings.lake_uri(lake)
     try:
         keys = vacuum(lake, older_than_s=older_than_s, dry_run=dry_run)
     except Exception as exc:  # noqa: BLE001 - store errors become one line, exit 2

@@ -22,7 +22,6 @@ rows as 0, so keep rollout sweeps apart from the sweeps you report on (the defau
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,6 +29,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from saasbench import settings
 
 EXIT_CANNOT_RUN = 2
 _QUIET_KINDS = frozenset({"message", "tool_result", "usage"})
@@ -217,7 +218,7 @@ def rollout_cmd(
     _summary(console, ro)
     _follow_up(console, ro)
     if lake is not None:
-        uri = lake or os.environ.get("SAASBENCH_LAKE") or "runs/lake"
+        uri = settings.lake_uri(lake)
         sweep, trial_id = _record(uri, sweep_id, spec, ro, model)
         console.print(f"\nLake: {escape(uri)}, sweep {escape(sweep)}, trial {escape(trial_id)} "
                       f"(outcome {ro.outcome}, trajectory_events only; no node rows)")

@@ -970,7 +970,7 @@ class MySqlDatabase(Database):
         if self._conn is not None:
             try:
                 self._conn.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - closing a broken connection must not hide the query's result
                 pass
             finally:
                 self._conn = None

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saasbench import failures as _failures
 from saasbench.primitives.files import Entry, PathEscape, Workspace, confine
 
 if TYPE_CHECKING:
@@ -71,8 +72,9 @@ __all__ = [
 ]
 
 
-class EnvError(Exception):
-    """The environment could not do what was asked (start, exec, file access)."""
+# The one EnvError (saasbench.failures): an environment that cannot do what was asked (start, exec,
+# file access) is the retryable env_error outcome wherever it surfaces.
+EnvError = _failures.EnvError
 
 
 class ServiceError(EnvError):

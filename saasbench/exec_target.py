@@ -119,7 +119,7 @@ class ExecTarget(ABC):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         pass
 
 

@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from saasbench import settings
 from saasbench.tasks import KB_FILE, PRD_FILE, TaskError, import_public_task
 
 DEFAULT_REPO = "https://github.com/ShadeCloak/SaaSbench.git"
@@ -133,7 +134,7 @@ def fetch_tasks(
 
     ``dataset=None`` skips the downloads (the tasks then need a PRD, as their readiness says).
     """
-    cache_dir = cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "saasbench" / "public"
+    cache_dir = cache_dir or settings.cache_dir() / "public"
     tree = checkout(repo, commit, cache_dir)
     known = available_tasks(tree)
     wanted = [t if t.startswith("task_") else f"task_{t}" for t in (tasks or known)]

@@ -77,6 +77,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from saasbench import settings
 from saasbench.failures import EnvError
 
 if TYPE_CHECKING:
@@ -659,7 +660,7 @@ class Gateway:
             raise GatewayError(f"provider key variable(s) unset: {', '.join(sorted(set(missing)))}")
         env.update({
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no cost-map download
-            "LITELLM_LOG": os.environ.get("SAASBENCH_GATEWAY_LOG_LEVEL", "ERROR"),
+            "LITELLM_LOG": settings.get("SAASBENCH_GATEWAY_LOG_LEVEL") or "ERROR",
             "SAASBENCH_GATEWAY_CALLS": str(self.calls_path),
             "SAASBENCH_GATEWAY_SECRET": self._secret.decode(),
             "SAASBENCH_GATEWAY_MASTER_KEY": self.master_key,

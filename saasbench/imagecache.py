@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from saasbench import settings
+
 if TYPE_CHECKING:
     import docker
 
@@ -64,7 +66,7 @@ class CachedImage:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SAASBENCH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "saasbench")
+    root = str(settings.cache_dir())
     return Path(root) / "images"
 
 

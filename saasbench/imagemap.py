@@ -23,13 +23,13 @@ An exact name wins over a pattern; among patterns the first listed wins.
 from __future__ import annotations
 
 import fnmatch
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from saasbench import settings
 from saasbench.envspec import EnvSpec, HealthcheckSpec, SpecError
 
 if TYPE_CHECKING:
@@ -77,8 +77,7 @@ class ImageMap(BaseModel):
 
 
 def user_map_path() -> Path:
-    env = os.environ.get("SAASBENCH_IMAGE_MAP")
-    return Path(env) if env else Path.home() / ".config" / "saasbench" / "image-map.yaml"
+    return settings.image_map_path()
 
 
 def read_image_map(path: Path) -> ImageMap:

@@ -207,5 +207,5 @@ def _rich(expr: str, document: Any) -> Any:
         return ABSENT
     try:
         return [m.value for m in compiled.find(document)]
-    except Exception:  # a filter comparing incompatible types in the app's data: no match
+    except Exception:  # noqa: BLE001 - a filter comparing incompatible types in the app's data: no match
         return []

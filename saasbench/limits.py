@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import socket
 import sys
@@ -47,6 +46,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from saasbench import settings
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,8 @@ def parse_llm_calls(value: int | str | Mapping[str, int] | None) -> dict[str, in
 
 
 def from_env() -> LimitConfig:
-    return LimitConfig(envs_per_host=_positive(os.environ.get("SAASBENCH_ENVS_PER_HOST"), "SAASBENCH_ENVS_PER_HOST"),
-                       llm_calls=parse_llm_calls(os.environ.get("SAASBENCH_LLM_CALLS_PER_PROVIDER")))
+    return LimitConfig(envs_per_host=_positive(settings.get("SAASBENCH_ENVS_PER_HOST"), "SAASBENCH_ENVS_PER_HOST"),
+                       llm_calls=parse_llm_calls(settings.get("SAASBENCH_LLM_CALLS_PER_PROVIDER")))
 
 
 _lock = threading.Lock()
@@ -161,7 +162,7 @@ def _name_part(text: str) -> str:
 
 
 def host_name() -> str:
-    return _name_part(os.environ.get("SAASBENCH_HOST_NAME") or socket.gethostname()).lower()
+    return _name_part(settings.get("SAASBENCH_HOST_NAME") or socket.gethostname()).lower()
 
 
 def env_limit_name(host: str | None = None) -> str:
@@ -202,7 +203,7 @@ def llm_provider(model: str | None) -> str:
 # --- slots ---------------------------------------------------------------------------------------
 def prefect_run_active() -> bool:
     """True inside a Prefect flow or task run (Prefect already imported, a run context set)."""
-    if os.environ.get("SAASBENCH_LIMITS", "").strip().lower() == "local" or "prefect" not in sys.modules:
+    if (settings.get("SAASBENCH_LIMITS") or "").strip().lower() == "local" or "prefect" not in sys.modules:
         return False
     try:
         from prefect.context import FlowRunContext, TaskRunContext

@@ -54,7 +54,6 @@ import base64
 import email
 import email.policy
 import json
-import os
 import signal
 import socket
 import socketserver
@@ -67,6 +66,8 @@ from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qs, urlsplit
+
+from saasbench import settings
 
 if TYPE_CHECKING:
     from saasbench.context import RunContext
@@ -737,7 +738,7 @@ def receiver_hosts(ctx: RunContext) -> tuple[str, str | None]:
     env = getattr(ctx.target, "environment", None)
 
     def pick(name: str, env_var: str) -> str | None:
-        for value in (ctx.vars.get(name), getattr(env, name, None), os.environ.get(env_var)):
+        for value in (ctx.vars.get(name), getattr(env, name, None), settings.get(env_var)):
             if isinstance(value, str) and value.strip():
                 return value.strip()
         return None

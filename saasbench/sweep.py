@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-import os
 import re
 import threading
 import time
@@ -27,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench import lake as lakelib
-from saasbench import limits
+from saasbench import limits, settings
 from saasbench.failures import EnvError, HarnessError, TaskDefect
 from saasbench.gateway import Gateway, GatewayConfig
 from saasbench.judge import JudgeConfig
@@ -101,7 +100,7 @@ class SweepSpec(BaseModel):
 
     @property
     def lake_uri(self) -> str:
-        return self.lake or os.environ.get("SAASBENCH_LAKE") or "runs/lake"
+        return settings.lake_uri(self.lake)
 
     def delay(self, retry_index: int) -> float:
         if not self.retry_delays:

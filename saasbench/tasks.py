@@ -17,7 +17,6 @@ The catalogue root is ``$SAASBENCH_TASKS_DIR`` or the repository's ``tasks/`` fo
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from saasbench import settings
 from saasbench.auth import AuthProfile
 from saasbench.prompt_facts import PromptFacts
 
@@ -232,8 +232,7 @@ def _errors(exc: ValidationError) -> str:
 # --- the catalogue -------------------------------------------------------------------------------
 def tasks_root() -> Path:
     """``$SAASBENCH_TASKS_DIR``, else the repository's ``tasks/`` folder."""
-    env = os.environ.get("SAASBENCH_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks"
+    return settings.tasks_dir()
 
 
 def load_task_dir(folder: str | Path) -> Task:

@@ -103,9 +103,12 @@ install_agent_clis() {
     export SAASBENCH_OPENHANDS_BIN="$AGENT_CLI_DIR/openhands/bin/openhands"
 }
 
-install_system_deps
+# `bash scripts/test.sh -m unit`: tests that need no system service (tests/conftest.py sets the markers)
+UNIT_ONLY=0
+if [ "${1:-}" = "-m" ] && [ "${2:-}" = "unit" ]; then UNIT_ONLY=1; fi
+if [ "$UNIT_ONLY" = 0 ]; then install_system_deps; fi
 ensure_venv
-install_agent_clis
+if [ "$UNIT_ONLY" = 0 ]; then install_agent_clis; fi
 
 PREFECT_HOME="$(mktemp -d "${TMPDIR:-/tmp}/saasbench-prefect.XXXXXX")"
 export PREFECT_HOME
@@ -119,6 +122,9 @@ cleanup() {
 trap cleanup EXIT
 
 start_services
+
+# Lint first: cheap, and a broken import order or a blind except is a review finding, not a test result.
+"$VENV/bin/ruff" check --quiet . || { echo "ruff check failed (run: $VENV/bin/ruff check --fix .)" >&2; exit 1; }
 
 status=0
 "$VENV/bin/python" -m pytest -q "$@" || status=$?

@@ -193,7 +193,7 @@ class MariaDbServer:
         try:
             _wait_port(self.port, lambda: self.proc is not None and self.proc.poll() is None)
             self._create_database(database)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a server probe during start-up
             err = (self.root / "err.log").read_text(errors="replace")[-2000:] if (self.root / "err.log").exists() else ""
             self.stop()
             raise ServerUnavailable(f"mariadbd did not start: {err}") from None

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from shared_data import CONFORMANCE_DIR  # noqa: E402
+
 from saasbench.agents.base import Budget, Trajectory, get_agent
 from saasbench.agents.claude_code import ALLOWED_TOOLS, ClaudeCodeAgent
 from saasbench.agents.codex import CodexAgent
@@ -25,10 +27,7 @@ from saasbench.agents.events import (
     to_shell,
 )
 from saasbench.agents.openhands import OpenHandsAgent
-
 from saasbench.environment import LocalEnvironment
-
-from shared_data import CONFORMANCE_DIR  # noqa: E402
 
 SAMPLES = CONFORMANCE_DIR.parents[1] / "reference" / "agent-samples"
 

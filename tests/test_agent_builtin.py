@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_llm import FakeLLM, Reply
+
 from saasbench.agents import Budget, get_agent, list_agents
 from saasbench.agents.anticheat import void_if_cheating
 from saasbench.agents.builtin import (
@@ -20,7 +21,6 @@ from saasbench.agents.builtin import (
     ENV_MODEL,
     BuiltinAgent,
 )
-
 from saasbench.environment import LocalEnvironment
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"

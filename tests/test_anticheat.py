@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from saasbench.agents import Trajectory
 from saasbench.agents.anticheat import (
     classify_url,

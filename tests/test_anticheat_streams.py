@@ -12,6 +12,8 @@ import json
 import shlex
 
 import pytest
+from test_agent_adapters import sample
+
 from saasbench.agents.anticheat import (
     executed_names,
     file_writes,
@@ -20,7 +22,6 @@ from saasbench.agents.anticheat import (
 )
 from saasbench.agents.base import Trajectory
 from saasbench.agents.events import ARGS_CAP, apply_events, make_parser
-from test_agent_adapters import sample
 
 CLONE = "git clone --depth 1 https://github.com/acme/timetracker.git vendor"
 

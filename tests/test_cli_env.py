@@ -8,8 +8,6 @@ import subprocess
 import sys
 import time
 
-from dockerd import busybox_image, docker_client, python_image  # noqa: F401 - session fixtures
-
 from saasbench.docker_env import L_TRIAL
 
 

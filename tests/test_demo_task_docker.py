@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dockerd import busybox_image, docker_client, python_image  # noqa: F401 - session fixtures
-
 from saasbench.tasks import load_task
 from saasbench.trial import run_local_trial
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - the fixtures imported from dockerd are parameters of the tests
 """The Docker backend: conformance, multi-service stacks, health failures, isolation, prune, image cache.
 
 Needs ``dockerd`` (Debian ``docker.io``) and ``busybox`` (``busybox-static``); the session starts a
@@ -19,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dockerd import busybox_image, docker_client, python_image  # noqa: F401 - pytest fixtures
 
 from saasbench.docker_env import (
     L_CREATED,

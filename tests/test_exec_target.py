@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - the fixtures imported from dockerd are parameters of the tests
 """Exec targets: ``saasbench evaluate --exec local:DIR|docker:CONTAINER --exec-env ... --exec-env-file ...``
 run P12/P21 next to an app saasbench did not start; without one, P12/P21 nodes are ERROR naming
 ``--exec``; a task's declared ``exec_env``/``exec_env_file`` reach P12 commands in a trial."""
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-from dockerd import busybox_image, docker_client  # noqa: F401 - pytest fixtures
 from typer.testing import CliRunner
 
 from saasbench.cli import app

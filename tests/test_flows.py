@@ -8,21 +8,19 @@ import tempfile
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="saasbench-prefect-test-"))
 
-import pytest
-
 import prefect  # noqa: F401 - a hard dependency of these tests (the test extra installs it)
-
+import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
-from saasbench.flows.aggregate import artifact_key
-from saasbench.flows.sweep import sweep_flow
-from saasbench.flows.trial import trial_flow
 
 from saasbench import environment
 from saasbench import lake as lakelib
 from saasbench import sweep as sw
 from saasbench.failures import AgentError
+from saasbench.flows.aggregate import artifact_key
+from saasbench.flows.sweep import sweep_flow
+from saasbench.flows.trial import trial_flow
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -156,6 +154,7 @@ class FakeDeployments:
 
 def test_deployment_dispatch_crash_retry_and_record(tmp_path, monkeypatch):
     import prefect.deployments
+
     from saasbench.flows import sweep as sweep_flows
 
     spec = sweep_dict(tmp_path, "flow-dispatch", agents=["oracle", "nop", "codex"], retries=1)
@@ -181,6 +180,7 @@ def test_deployment_dispatch_crash_retry_and_record(tmp_path, monkeypatch):
 
 def test_deployment_dispatch_failed_child_fails_the_sweep(tmp_path, monkeypatch):
     import prefect.deployments
+
     from saasbench.flows import sweep as sweep_flows
 
     spec = sweep_dict(tmp_path, "flow-dispatch-bug", agents=["oracle", "nop"], concurrency=1)

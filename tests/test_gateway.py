@@ -21,11 +21,6 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from fake_llm import FakeLLM, Reply
-from saasbench.agents.base import Budget
-from saasbench.agents.builtin import BuiltinAgent
-from saasbench.agents.claude_code import ClaudeCodeAgent
-from saasbench.agents.codex import CodexAgent
-from saasbench.agents.openhands import OpenHandsAgent
 from test_agent_adapters import (
     _claude_bin,
     _codex_bin,
@@ -36,6 +31,11 @@ from test_agent_adapters import (
 )
 
 from saasbench import gateway as G
+from saasbench.agents.base import Budget
+from saasbench.agents.builtin import BuiltinAgent
+from saasbench.agents.claude_code import ClaudeCodeAgent
+from saasbench.agents.codex import CodexAgent
+from saasbench.agents.openhands import OpenHandsAgent
 from saasbench.environment import LocalEnvironment
 
 MIN_S, MAX_S = 0.05, 0.2

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from saasbench.agents.base import Agent, Trajectory
 from test_environment_local import make_task
 
+from saasbench.agents.base import Agent, Trajectory
 from saasbench.failures import TaskDefect
 from saasbench.tasks import load_task, load_task_dir
 from saasbench.trial import integrity_targets, run_local_trial, run_rollout

@@ -484,10 +484,9 @@ def test_missing_response_is_failed_not_skipped(llm, workspace):
 
 
 def test_response_evidence_and_aliases(llm, workspace):
-    from saasbench.primitives.registry import REGISTRY
-
     from saasbench.context import RunContext, RunOptions, Target
     from saasbench.http import HttpResponse
+    from saasbench.primitives.registry import REGISTRY
 
     _ensure_p17()
     ctx = RunContext(Target(workspace=workspace), options=RunOptions(judge_enabled=True))

@@ -20,11 +20,6 @@ from typing import Any
 
 import pytest
 
-try:
-    from s3server import s3_server
-except ImportError:  # pragma: no cover - run from the repository root with another import mode
-    from tests.s3server import s3_server  # noqa: F401
-
 from saasbench import lake as L
 from saasbench.lake import schema as S
 from saasbench.lake.store import LocalStore, S3Store
@@ -50,13 +45,12 @@ def _fake_completion(**kwargs: Any) -> Any:
 
 def run_real_report(workspace: Path) -> tuple[Any, list[Any]]:
     """A RunReport from the engine: PASSED, FAILED, SKIPPED_DEPENDENCY and an llm-judge node."""
-    from saasbench.primitives import judge as p17
-    from saasbench.primitives.registry import REGISTRY
-
     from saasbench.context import RunContext, RunOptions, Target
     from saasbench.dag import load_dag_data
     from saasbench.engine import Engine
     from saasbench.judge import Judge, JudgeConfig
+    from saasbench.primitives import judge as p17
+    from saasbench.primitives.registry import REGISTRY
 
     if REGISTRY.spec("P17").fn is not p17.llm_judge:
         REGISTRY.register("P17", p17.llm_judge, p17.P17Inputs, raw_fields=p17.RAW_FIELDS)
@@ -318,7 +312,10 @@ def test_vacuum_removes_orphans_of_crashed_writes_only(lake, real):
     kept = L.write_trial(lake, rows_for(real, trial="kept"))
     with pytest.raises(Crash):
         L.write_trial(lake, rows_for(real, trial="crashed"), hook=_crash_at("before_marker"))
-    parts = lambda: sorted(k for k in lake.list("") if k.endswith(".parquet"))
+
+    def parts() -> list[str]:
+        return sorted(k for k in lake.list("") if k.endswith(".parquet"))
+
     assert len(parts()) == 2 * len(kept.files)
     assert L.vacuum(lake) == []  # young orphans may belong to a write in flight
     orphans = L.vacuum(lake, older_than_s=0, dry_run=True)

@@ -17,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from s3server import s3_server  # noqa: F401 - fixture
 from test_lake import lake, real, rows_for  # noqa: F401 - fixtures
 
 from saasbench import lake as L

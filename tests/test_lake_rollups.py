@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from s3server import s3_server  # noqa: F401 - fixture
 from test_aggregate import _assert_same, _random_rows
 from test_lake import lake  # noqa: F401 - fixture: a folder and moto S3
 

@@ -215,9 +215,9 @@ def test_sweep_split_across_two_workers(stack):
         LogFilterFlowRunId,
     )
     from prefect.deployments import run_deployment
-    from saasbench.flows.aggregate import artifact_key
 
     from saasbench.dag import load_dag
+    from saasbench.flows.aggregate import artifact_key
     from saasbench.tasks import load_task
 
     spec = {"sweep_id": "dist-e2e", "tasks": ["timetrack"], "agents": ["oracle", "nop"], "attempts": 2,

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
 
 from saasbench.auth import load_auth_profile
 from saasbench.browser import (
@@ -38,6 +37,7 @@ from saasbench.dag import DagLoadError, load_dag_data
 from saasbench.engine import Engine
 from saasbench.examples.teamnotes import serve_in_thread
 from saasbench.http import Identity
+from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
 from saasbench.results import Status, StepResult
 
 AUTH_YAML = Path(__file__).resolve().parents[1] / "saasbench" / "examples" / "teamnotes_auth.yaml"

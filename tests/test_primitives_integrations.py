@@ -25,13 +25,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from saasbench.primitives.integrations import body_mismatch, headers_mismatch
-from saasbench.primitives.registry import REGISTRY
 
 from saasbench.context import RunContext, Target
 from saasbench.dag import load_dag_data
 from saasbench.engine import Engine
 from saasbench.environment import ExecResult
+from saasbench.primitives.integrations import body_mismatch, headers_mismatch
+from saasbench.primitives.registry import REGISTRY
 from saasbench.receivers import MockReceiver, SmtpSink, WebhookReceiver, parse_message
 from saasbench.results import Status, StepResult
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - the fixtures imported from dockerd are parameters of the tests
 """Real public SaaSBench tasks come up on the test engine with substitute images.
 
 No registry is reachable here, so the images the tasks name (``postgres:16-alpine``,
@@ -18,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from dockerd import docker_client, postgres_image, python_image  # noqa: F401 - pytest fixtures
 
 from saasbench.docker_env import L_TRIAL, DockerEnvironment
 from saasbench.envspec import import_compose

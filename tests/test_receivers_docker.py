@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dockerd import busybox_image, docker_client  # noqa: F401 - session fixtures
-
 from saasbench.context import RunContext, Target
 from saasbench.dag import load_dag_data
 from saasbench.docker_env import DockerEnvironment

@@ -20,11 +20,11 @@ import httpx
 import pytest
 import typer
 from fake_llm import FakeLLM, Reply
-from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
-from saasbench.agents.claude_code import ClaudeCodeAgent
 from typer.testing import CliRunner
 
 from saasbench import lake as lakelib
+from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
+from saasbench.agents.claude_code import ClaudeCodeAgent
 from saasbench.cli_rollout import rollout_cmd
 from saasbench.environment import _kill_group, free_port
 from saasbench.tasks import load_task

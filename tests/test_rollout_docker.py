@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dockerd import busybox_image, docker_client, python_image  # noqa: F401 - session fixtures
 from test_integrity import ScriptedAgent
 
 from saasbench.tasks import load_task

@@ -14,11 +14,11 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="saasbench-prefect
 import pytest
 from fake_llm import FakeLLM, Reply
 from prefect.testing.utilities import prefect_test_harness
-from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
-from saasbench.agents.oracle import OracleAgent
 
 from saasbench import lake as lakelib
 from saasbench import sweep as sw
+from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
+from saasbench.agents.oracle import OracleAgent
 from saasbench.cli_flows import run_cmd
 
 REF = Path(__file__).resolve().parents[1] / "tasks" / "timetrack" / "reference"

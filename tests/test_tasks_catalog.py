@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shared_data import CONFORMANCE_DIR  # noqa: E402
 from test_environment_local import make_task
 from typer import Typer
 from typer.testing import CliRunner
@@ -22,8 +23,6 @@ from saasbench.tasks import (
     parse_kb,
     tasks_root,
 )
-
-from shared_data import CONFORMANCE_DIR  # noqa: E402
 
 CONFORMANCE = CONFORMANCE_DIR / "task_ubsmhopy"
 

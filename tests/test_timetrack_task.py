@@ -23,12 +23,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from saasbench.primitives.registry import REGISTRY
 
 from saasbench.auth import load_auth_profile
 from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import load_dag
 from saasbench.engine import Engine
+from saasbench.primitives.registry import REGISTRY
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"
 DAG_PATH = TASK / "dag.json"

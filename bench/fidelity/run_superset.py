@@ -196,7 +196,7 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
                   + ", ".join(f"{k} {v}" for k, v in o["counts"].items() if v) + ". "
                   + ("Nodes whose status differs: " + ", ".join(f"`{i}` {mine.get(i)} -> {theirs[i]}" for i in changed) + "."
                      if changed else "Every node has the same status.")
-                  + f" Non-passing nodes of that run without a classification: "
+                  + " Non-passing nodes of that run without a classification: "
                   + (", ".join(f"`{i}`" for i in sorted({n['id'] for n in failing(other)} - set(verdicts.nodes))) or "none") + "."]
         if mode == "reference":
             lines += ["", "`--compat reference` counts an 'already exists' answer where 2xx was expected and a DELETE",

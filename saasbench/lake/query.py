@@ -27,7 +27,6 @@ import csv
 import gc
 import io
 import json
-import os
 import sys
 from collections.abc import Collection, Iterator, Sequence
 from datetime import datetime
@@ -36,6 +35,7 @@ from typing import Any, Literal, TextIO
 import duckdb
 import pyarrow as pa
 
+from saasbench import settings
 from saasbench.lake import schema as S
 from saasbench.lake.snapshot import UNIT_COLUMNS, Snapshot, snapshot
 from saasbench.lake.store import Store, lake_from_uri
@@ -263,7 +263,7 @@ def query_cmd(sql: str, lake: str | None = None, format: Format = "table", *, sw
     SQL or store error, printed to stderr).
     Example: ``saasbench query "SELECT agent, avg(task_score) FROM trials GROUP BY 1"``
     """
-    lake = lake or os.environ.get("SAASBENCH_LAKE") or "runs/lake"
+    lake = settings.lake_uri(lake)
     try:
         tbl = query(lake, sql, sweep_id=sweep_id)
     except (duckdb.Error, ValueError, OSError) as exc:

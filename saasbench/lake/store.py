@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-DEFAULT_LAKE = "runs/lake"
+from saasbench import settings
+
+DEFAULT_LAKE = settings.DEFAULT_LAKE
 ENV_LAKE = "SAASBENCH_LAKE"
 ENV_ENDPOINT = "SAASBENCH_S3_ENDPOINT"
 
@@ -80,7 +82,7 @@ class Store(ABC):
     def url(self, key: str) -> str:
         """What DuckDB's ``read_parquet`` opens for ``key``."""
 
-    def configure_duckdb(self, con: Any) -> None:
+    def configure_duckdb(self, con: Any) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Make ``con`` able to read :meth:`url` paths. Local: nothing to do."""
 
     def get_many(self, keys: list[str]) -> dict[str, bytes | None]:
@@ -344,7 +346,7 @@ def lake_from_uri(uri: str | os.PathLike[str] | Store | None = None, *, endpoint
     if isinstance(uri, Store):
         return uri
     if uri is None:
-        uri = os.environ.get(ENV_LAKE) or DEFAULT_LAKE
+        uri = settings.lake_uri()
     text = os.fspath(uri)
     if text.startswith("s3://"):
         u = urlparse(text)

@@ -1,0 +1,72 @@
+"""Every ``SAASBENCH_*`` setting an operator can give, its default, and the one place that reads it.
+
+Import-light on purpose (``os`` and ``pathlib`` only): the CLI reads defaults from here without
+loading the lake, Docker or Prefect. Values are read when asked for, not at import, so a test or
+a worker that sets a variable later is seen.
+
+Variables that are a contract with code inside a trial (what the builtin agent reads, such as
+``SAASBENCH_AGENT_MODEL``, and the gateway hook's own variables) are owned by those modules and
+listed in :data:`CONTRACT_VARIABLES` only for reference.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_LAKE = "runs/lake"
+
+SETTINGS: dict[str, str] = {
+    "SAASBENCH_LAKE": f"results lake URI: a folder, file:///..., or s3://bucket/prefix (default {DEFAULT_LAKE})",
+    "SAASBENCH_TASKS_DIR": "task catalogue folder (default: the repository's tasks/)",
+    "SAASBENCH_CACHE_DIR": "cache root: image cache, base-image tarballs (default $XDG_CACHE_HOME/saasbench or ~/.cache/saasbench)",
+    "SAASBENCH_IMAGE_MAP": "the user's image map file (default ~/.config/saasbench/image-map.yaml)",
+    "SAASBENCH_ENVS_PER_HOST": "environments at once per host, when a sweep spec leaves it unset",
+    "SAASBENCH_LLM_CALLS_PER_PROVIDER": "LLM calls at once per provider: 8, or openai=8,anthropic=4,*=2",
+    "SAASBENCH_LIMITS": "'local': process-local semaphores even inside Prefect runs",
+    "SAASBENCH_HOST_NAME": "the <host> part of the saasbench-env-<host> concurrency limit (default: the host name)",
+    "SAASBENCH_MAX_WORKERS": "threads of a sweep flow's local task runner (default 16)",
+    "SAASBENCH_CHROMIUM": "the Chromium executable for the browser primitives (default /usr/bin/chromium)",
+    "SAASBENCH_RECEIVER_BIND_HOST": "address the webhook/SMTP receivers bind (default 127.0.0.1)",
+    "SAASBENCH_RECEIVER_ADVERTISE_HOST": "address the app is told to reach the receivers at",
+    "SAASBENCH_GATEWAY_LOG_LEVEL": "the model gateway's LiteLLM log level (default ERROR)",
+}
+
+CONTRACT_VARIABLES = (
+    "SAASBENCH_AGENT_MODEL", "SAASBENCH_AGENT_API_BASE", "SAASBENCH_AGENT_API_KEY_ENV", "SAASBENCH_AGENT_API_KEY",
+    "SAASBENCH_AGENT_BASE_URL", "SAASBENCH_AGENT_MAX_TOKENS", "SAASBENCH_AGENT_BACKOFF_BASE_S",
+    "SAASBENCH_AGENT_BACKOFF_CAP_S", "SAASBENCH_GATEWAY_KEY", "SAASBENCH_GATEWAY_CALLS", "SAASBENCH_GATEWAY_SECRET",
+    "SAASBENCH_GATEWAY_MASTER_KEY", "SAASBENCH_GATEWAY_BACKOFF_MIN_S", "SAASBENCH_GATEWAY_BACKOFF_MAX_S",
+    "SAASBENCH_GATEWAY_NUM_RETRIES", "SAASBENCH_EXEC", "SAASBENCH_WORKSPACE", "SAASBENCH_SERVICE",
+)
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """The value of a declared setting ("" counts as unset)."""
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not a declared setting (saasbench.settings.SETTINGS)")
+    return os.environ.get(name) or default
+
+
+def lake_uri(explicit: str | None = None) -> str:
+    """``explicit``, else ``$SAASBENCH_LAKE``, else ``runs/lake``."""
+    return explicit or get("SAASBENCH_LAKE") or DEFAULT_LAKE
+
+
+def tasks_dir() -> Path:
+    """``$SAASBENCH_TASKS_DIR``, else the repository's ``tasks/`` folder."""
+    value = get("SAASBENCH_TASKS_DIR")
+    return Path(value) if value else Path(__file__).resolve().parents[1] / "tasks"
+
+
+def cache_dir() -> Path:
+    """``$SAASBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/saasbench``, else ``~/.cache/saasbench``."""
+    value = get("SAASBENCH_CACHE_DIR")
+    if value:
+        return Path(value)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "saasbench"
+
+
+def image_map_path() -> Path:
+    value = get("SAASBENCH_IMAGE_MAP")
+    return Path(value) if value else Path.home() / ".config" / "saasbench" / "image-map.yaml"

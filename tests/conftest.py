@@ -1,0 +1,47 @@
+"""Shared test fixtures and markers.
+
+Fixtures for real services live in their own modules and are made available to every test here:
+``dockerd`` (a Docker engine and the imported images), ``pgserver`` (PostgreSQL, MariaDB, the
+MongoDB wire emulator) and ``s3server`` (moto on 127.0.0.1).
+
+Markers (declared in pyproject.toml, ``--strict-markers``) are set here, from what a test needs,
+so no test file has to remember them:
+
+- ``docker``, ``db``, ``s3``: the test uses one of those fixtures;
+- ``prefect``, ``browser``, ``agent_cli``: the module starts a Prefect server, drives Chromium, or
+  runs a real agent CLI (``MODULE_MARKS``);
+- ``unit``: none of the above: runs in seconds without system services
+  (``bash scripts/test.sh -m unit``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from dockerd import busybox_image, docker_client, postgres_image, python_image  # noqa: F401 - shared fixtures
+from pgserver import mariadb_server, mongo_server, postgres_server  # noqa: F401 - shared fixtures
+from s3server import s3_server  # noqa: F401 - shared fixture
+
+FIXTURE_MARKS = {
+    "docker_client": "docker", "busybox_image": "docker", "python_image": "docker", "postgres_image": "docker",
+    "postgres_server": "db", "mariadb_server": "db", "mongo_server": "db",
+    "s3_server": "s3",
+}
+MODULE_MARKS = {
+    "test_flows": ("prefect",), "test_limits": ("prefect",), "test_run_lake": ("prefect",),
+    "test_prefect_server": ("prefect",),
+    "test_auth_html_csrf": ("browser",), "test_browser_dialects": ("browser",), "test_primitives_browser": ("browser",),
+    "test_report_html": ("browser",),
+    "test_agent_adapters": ("agent_cli",), "test_gateway": ("agent_cli",),
+}
+SERVICE_MARKS = {"docker", "db", "s3", "prefect", "browser", "agent_cli"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        wanted = {FIXTURE_MARKS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_MARKS}
+        wanted |= set(MODULE_MARKS.get(item.module.__name__ if item.module else "", ()))
+        wanted |= {m.name for m in item.iter_markers() if m.name in SERVICE_MARKS}
+        for name in sorted(wanted):
+            item.add_marker(name)
+        if not wanted:
+            item.add_marker("unit")
