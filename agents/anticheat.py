@@ -82,7 +82,7 @@ Integrity: :func:`hash_paths` hashes workspace paths (a dict path -> sha256, Non
 after the harness prepared the workspace and again after the rollout;
 :func:`integrity_findings` turns differences into findings (``evaluator_modified``, severity
 ``void`` by default; the trial uses ``warn`` for the staged PRD/KB copies, see
-:func:`saasbench.trial.integrity_targets`).
+:func:`saasbench.runs.trial.integrity_targets`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The agent interface, budgets, trajectories, the agent registry and the task prompt.
 
 An :class:`Agent` turns (prompt, environment) into a changed workspace. It gets an
-:class:`~saasbench.environment.Environment` (``env.task`` is the task) and a :class:`Budget`;
+:class:`~saasbench.environments.local.Environment` (``env.task`` is the task) and a :class:`Budget`;
 it returns a :class:`Trajectory` whose ``exit_reason`` is one of the agent outcomes of the
 failure taxonomy. Agents never start the evaluation or reach into the orchestrator: after the
-rollout the trial starts the app with :func:`saasbench.environment.start_app` (the deployment
+rollout the trial starts the app with :func:`saasbench.environments.local.start_app` (the deployment
 contract) and evaluates it.
 
 Agents register by name with :func:`register_agent`; :func:`get_agent` also accepts an import
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, PrivateAttr
 
 if TYPE_CHECKING:
-    from saasbench.environment import Environment
-    from saasbench.tasks import Task
+    from saasbench.catalog.tasks import Task
+    from saasbench.environments.local import Environment
 
 ExitReason = Literal["completed", "agent_timeout", "agent_budget_exceeded", "agent_error"]
 

@@ -2,7 +2,7 @@
 
 Any litellm model string works (``anthropic/claude-...``, or ``openai/<name>`` with an
 OpenAI-compatible ``api_base``); temperature 0. The model gets five tools, all run through the
-:class:`~saasbench.environment.Environment` (so they are confined to the workspace):
+:class:`~saasbench.environments.local.Environment` (so they are confined to the workspace):
 
 - ``shell(command, timeout?)``  -> ``env.exec`` (``bash -c`` in the workspace);
 - ``read_file(path)``, ``write_file(path, content)``, ``edit_file(path, old, new)`` (``old``
@@ -38,7 +38,7 @@ calls asked for, tokens in/out from ``usage``, latency, attempts), ``retry``, ``
 ``api_key_env`` at call time and never written to events (it is also redacted from any text
 that is recorded).
 
-Configuration: constructor keywords (``saasbench.trial.resolve_agent`` passes the trial's
+Configuration: constructor keywords (``saasbench.runs.trial.resolve_agent`` passes the trial's
 ``--model``), else these environment variables:
 
 ===================================  ==========================================================
@@ -64,9 +64,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from saasbench.agents.base import Agent, Budget, Trajectory, register_agent
+from saasbench.redaction import redact_text
 
 if TYPE_CHECKING:
-    from saasbench.environment import Environment
+    from saasbench.environments.local import Environment
 
 ENV_MODEL = "SAASBENCH_AGENT_MODEL"
 ENV_API_BASE = "SAASBENCH_AGENT_API_BASE"
@@ -144,7 +145,7 @@ def cap_text(text: str, limit: int) -> str:
 class BuiltinAgent(Agent):
     """A tool-using loop on litellm (shell, read/write/edit file, finish) for any model, with budgets."""
     version = "1"
-    #: A :class:`saasbench.gateway.TrialGateway` (set by ``Gateway.attach``): then every call goes to the
+    #: A :class:`saasbench.runs.gateway.TrialGateway` (set by ``Gateway.attach``): then every call goes to the
     #: gateway's OpenAI-compatible ``/v1`` as ``openai/<model>`` with the trial's virtual key, and the
     #: agent does not retry itself (the gateway retried already).
     gateway: Any = None
@@ -199,7 +200,7 @@ class BuiltinAgent(Agent):
             {"role": "user", "content": prompt},
         ]
         traj.event("message", cap_text(messages[0]["content"], EVENT_TEXT_LIMIT), role="system")
-        traj.event("message", _redact(cap_text(prompt, EVENT_TEXT_LIMIT), secret), role="user")
+        traj.event("message", redact_text(cap_text(prompt, EVENT_TEXT_LIMIT), secret), role="user")
         idle = 0
         try:
             while True:
@@ -228,9 +229,9 @@ class BuiltinAgent(Agent):
                 if finished is not None:
                     return traj.finish("completed")
         except _Stop as stop:
-            return traj.finish(stop.reason, _redact(str(stop), secret))  # type: ignore[arg-type]
+            return traj.finish(stop.reason, redact_text(str(stop), secret))  # type: ignore[arg-type]
         except Exception as exc:  # noqa: BLE001 - an agent never raises for its own failures
-            return traj.finish("agent_error", _redact(f"{type(exc).__name__}: {exc}", secret)[:2000])
+            return traj.finish("agent_error", redact_text(f"{type(exc).__name__}: {exc}", secret)[:2000])
 
     # --- model calls ------------------------------------------------------------------------------------
     def _api_key(self) -> str | None | _Stop:
@@ -255,8 +256,8 @@ class BuiltinAgent(Agent):
         return min(wait, self.backoff_cap_s)
 
     def _model_turn(self, traj: Trajectory, messages: list[dict[str, Any]], budget: Budget, secret: str | None) -> dict[str, Any]:
-        from saasbench.judge import _litellm, classify
-        from saasbench.limits import llm_provider, llm_slot
+        from saasbench.services.judge import _litellm, classify
+        from saasbench.services.limits import llm_provider, llm_slot
 
         completion = self._completion or _litellm().completion
         attempts = 0
@@ -277,11 +278,11 @@ class BuiltinAgent(Agent):
                 kwargs["api_key"] = secret
             attempts += 1
             try:
-                with llm_slot(llm_provider(self.model)):  # LLM calls at once per provider (saasbench.limits)
+                with llm_slot(llm_provider(self.model)):  # LLM calls at once per provider (saasbench.services.limits)
                     response = completion(**kwargs)
             except Exception as exc:  # noqa: BLE001 - litellm maps provider errors onto openai-style exceptions
                 err = classify(exc)
-                text = _redact(str(err), secret)
+                text = redact_text(str(err), secret)
                 if budget.wall_s - traj.elapsed() <= 0:
                     raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up during a model call ({text})") from None
                 if not err.transient:
@@ -306,7 +307,7 @@ class BuiltinAgent(Agent):
         traj.cost_usd = round(traj.cost_usd + cost, 6)
         content = message.get("content") or ""
         asked = [{"tool": tc["function"]["name"], "id": tc.get("id")} for tc in message.get("tool_calls") or []]
-        traj.event("model_call", _redact(cap_text(content, EVENT_TEXT_LIMIT), secret), role="assistant", step=traj.steps,
+        traj.event("model_call", redact_text(cap_text(content, EVENT_TEXT_LIMIT), secret), role="assistant", step=traj.steps,
                    tool_calls=asked, tokens_in=t_in, tokens_out=t_out, latency_ms=latency_ms, attempts=attempts,
                    cost_usd=cost)
         return message
@@ -327,7 +328,7 @@ class BuiltinAgent(Agent):
             parse_error: str | None = f"error: the arguments of {name} are not valid JSON ({exc})"
         else:
             parse_error = None
-        recorded = {k: _redact(cap_text(str(v), EVENT_ARG_LIMIT), secret) if isinstance(v, str) else v for k, v in args.items()}
+        recorded = {k: redact_text(cap_text(str(v), EVENT_ARG_LIMIT), secret) if isinstance(v, str) else v for k, v in args.items()}
         message = recorded.get("command", "") if name == "shell" else str(recorded.get("path", recorded.get("summary", "")))[:300]
         traj.event("tool_call", str(message), tool=name, args=recorded, call_id=call.get("id"))
         t0 = time.perf_counter()
@@ -342,7 +343,7 @@ class BuiltinAgent(Agent):
                 raise
             except Exception as exc:  # noqa: BLE001 - tool failures go back to the model
                 text = f"error: {type(exc).__name__}: {exc}"
-        text = _redact(cap_text(text, self.output_limit), secret)
+        text = redact_text(cap_text(text, self.output_limit), secret)
         traj.event("tool_result", cap_text(text, EVENT_TEXT_LIMIT), tool=name, call_id=call.get("id"),
                    latency_ms=round((time.perf_counter() - t0) * 1000, 3), **extra)
         return text, done
@@ -398,12 +399,6 @@ class BuiltinAgent(Agent):
 
 
 # --- helpers ----------------------------------------------------------------------------------------------
-def _redact(text: str, secret: Any) -> str:
-    if isinstance(secret, str) and len(secret) >= 4 and secret != "no-key":
-        return text.replace(secret, "[REDACTED]")
-    return text
-
-
 def _int(value: Any) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
@@ -438,7 +433,7 @@ def _message_dict(response: Any) -> dict[str, Any]:
 
 def _cost(response: Any) -> float:
     try:
-        from saasbench.judge import _litellm
+        from saasbench.services.judge import _litellm
 
         return float(_litellm().completion_cost(completion_response=response) or 0.0)
     except Exception:  # noqa: BLE001 - unknown models (local servers) have no price

@@ -14,10 +14,8 @@ trajectory by :mod:`saasbench.agents.events` and kept as ``claude_events.jsonl``
 
 from __future__ import annotations
 
-import shlex
-
 from saasbench.agents.base import Budget, register_agent
-from saasbench.agents.events import CLIAgent, prompt_word
+from saasbench.agents.events import CLIAgent, NpmInstalledCLI, prompt_word
 
 # The paper's fixed set of 12 core tools (Appendix B.1).
 ALLOWED_TOOLS = ("Bash", "Edit", "Write", "Read", "Glob", "Grep", "LS", "WebFetch", "NotebookEdit", "NotebookRead",
@@ -27,7 +25,7 @@ CLAUDE_CODE_VERSION = "2.1.197"  # verified here (agent-feasibility.md); the pap
 
 
 @register_agent("claude-code")
-class ClaudeCodeAgent(CLIAgent):
+class ClaudeCodeAgent(NpmInstalledCLI, CLIAgent):
     version = CLAUDE_CODE_VERSION
     stream_format = "claude"
     gateway_api = "anthropic"  # ANTHROPIC_BASE_URL is the gateway's root: the CLI appends /v1/messages
@@ -36,20 +34,10 @@ class ClaudeCodeAgent(CLIAgent):
     package = CLAUDE_CODE_PACKAGE
     package_version = CLAUDE_CODE_VERSION
 
-    def __init__(self, *args, npm_prefix: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.npm_prefix = npm_prefix
-        if npm_prefix and not self.bin_dir:
-            self.bin_dir = f"{npm_prefix.rstrip('/')}/bin"
-
     def command(self, prompt_file: str, model: str, workspace: str) -> list[str]:
         return ["claude", "-p", "--output-format", "stream-json", "--verbose", "--model", model,
                 "--permission-mode", "bypassPermissions", "--allowedTools", ",".join(ALLOWED_TOOLS),
                 "--add-dir", workspace, "--", prompt_word(prompt_file)]
-
-    def install_command(self) -> str:
-        prefix = f" --prefix {shlex.quote(self.npm_prefix)}" if self.npm_prefix else ""
-        return f"npm install -g{prefix} --no-fund --no-audit {self.package}@{self.package_version}"
 
     def version_command(self) -> str:
         return "claude --version"

@@ -13,10 +13,9 @@ CLI's process environment. The ``--json`` stream is parsed into the trajectory a
 from __future__ import annotations
 
 import json
-import shlex
 
 from saasbench.agents.base import Budget, register_agent
-from saasbench.agents.events import CLIAgent, prompt_word, put_file
+from saasbench.agents.events import CLIAgent, NpmInstalledCLI, prompt_word, put_file
 
 CODEX_PACKAGE = "@openai/codex"
 CODEX_VERSION = "0.171.0"  # verified here (agent-feasibility.md)
@@ -28,7 +27,7 @@ def _toml(value: str) -> str:
 
 
 @register_agent("codex")
-class CodexAgent(CLIAgent):
+class CodexAgent(NpmInstalledCLI, CLIAgent):
     version = CODEX_VERSION
     stream_format = "codex"
     default_model = "gpt-5"
@@ -36,19 +35,9 @@ class CodexAgent(CLIAgent):
     package = CODEX_PACKAGE
     package_version = CODEX_VERSION
 
-    def __init__(self, *args, npm_prefix: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.npm_prefix = npm_prefix
-        if npm_prefix and not self.bin_dir:
-            self.bin_dir = f"{npm_prefix.rstrip('/')}/bin"
-
     def command(self, prompt_file: str, model: str, workspace: str) -> list[str]:
         return ["codex", "exec", "--model", model, "--json", "--sandbox", "danger-full-access", "--skip-git-repo-check",
                 "--", prompt_word(prompt_file)]
-
-    def install_command(self) -> str:
-        prefix = f" --prefix {shlex.quote(self.npm_prefix)}" if self.npm_prefix else ""
-        return f"npm install -g{prefix} --no-fund --no-audit {self.package}@{self.package_version}"
 
     def version_command(self) -> str:
         return "codex --version"

@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from saasbench.agents.base import Agent, Budget
+from saasbench.redaction import redact_text
 
 if TYPE_CHECKING:
     from saasbench.agents.base import Trajectory
-    from saasbench.environment import Environment
+    from saasbench.environments.local import Environment
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 CONTENT_CAP = 4000  # characters of message/tool output kept per event
@@ -49,7 +50,7 @@ ARGS_CAP = 4000  # characters of each string tool argument kept
 FORMATS = ("claude", "codex", "openhands")
 
 __all__ = ["CONTENT_CAP", "FORMATS", "AgentInstallError", "CLIAgent", "StreamEvent", "StreamParser", "StreamTotals", "apply_events",
-           "apply_totals", "cap", "make_parser", "parse_stream", "prompt_word", "put_file", "read_back", "redact", "to_shell"]
+           "apply_totals", "cap", "make_parser", "parse_stream", "prompt_word", "put_file", "read_back", "to_shell"]
 
 
 def cap(text: Any, limit: int = CONTENT_CAP) -> str:
@@ -74,13 +75,6 @@ def _cap_args(args: Any) -> Any:
     if isinstance(args, str):
         return cap(args, ARGS_CAP)
     return args
-
-
-def redact(text: str, secrets: list[str] | tuple[str, ...]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def _int(value: Any) -> int:
@@ -490,8 +484,8 @@ def apply_events(traj: Trajectory, events: list[StreamEvent], secrets: tuple[str
     for ev in events:
         data = ev.data()
         if secrets and "args" in data:
-            data["args"] = json.loads(redact(json.dumps(data["args"]), secrets))
-        traj.event(ev.kind, redact(ev.content, secrets) if secrets else ev.content, **data)
+            data["args"] = json.loads(redact_text(json.dumps(data["args"]), secrets))
+        traj.event(ev.kind, redact_text(ev.content, secrets) if secrets else ev.content, **data)
 
 
 def apply_totals(traj: Trajectory, totals: StreamTotals) -> None:
@@ -531,8 +525,8 @@ class CLIAgent(Agent):
     one), ``bin_dir`` (prepended to PATH, e.g. an npm prefix's ``bin``), ``artefacts_dir``
     (host folder for the raw stream; default: the environment's state folder).
     Host variables ``SAASBENCH_AGENT_MODEL``/``_BASE_URL``/``_API_KEY`` are the fallbacks.
-    With a model gateway attached (``gateway``, a :class:`saasbench.gateway.TrialGateway`, set by
-    :meth:`saasbench.gateway.Gateway.attach`), :meth:`run` uses the gateway's URL (a relay into the
+    With a model gateway attached (``gateway``, a :class:`saasbench.runs.gateway.TrialGateway`, set by
+    :meth:`saasbench.runs.gateway.Gateway.attach`), :meth:`run` uses the gateway's URL (a relay into the
     trial network for non-local environments) and the trial's virtual key instead.
     """
 
@@ -657,7 +651,7 @@ class CLIAgent(Agent):
                 traj.event("error", f"cannot read the event stream back: {exc}")
             parser_events = parser.feed_text(text)
             apply_events(traj, parser_events, secrets)
-            (host_dir / self.events_file).write_text(redact(text, secrets), encoding="utf-8")
+            (host_dir / self.events_file).write_text(redact_text(text, secrets), encoding="utf-8")
         stderr_text = _scrub_files(env, local, host_dir, run_dir, secrets, self.events_file)
         totals = parser.totals
         apply_totals(traj, totals)
@@ -685,8 +679,27 @@ class CLIAgent(Agent):
             traj.event("note", f"{self.name} exited 0 without a final result event")
             traj.finish("completed")
             return
-        last = "\n".join(redact(stderr_text, secrets).strip().splitlines()[-5:])
+        last = "\n".join(redact_text(stderr_text, secrets).strip().splitlines()[-5:])
         traj.finish("agent_error", cap(f"{self.name} exited {res.exit_code} without a result event: {last}", 1000))
+
+
+class NpmInstalledCLI:
+    """Mixin for a CLI agent installed from the npm registry (``package``@``package_version``);
+    ``npm_prefix`` installs it under a prefix whose ``bin/`` then holds the executable."""
+
+    package: str
+    package_version: str
+    bin_dir: str | None
+
+    def __init__(self, *args, npm_prefix: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.npm_prefix = npm_prefix
+        if npm_prefix and not self.bin_dir:
+            self.bin_dir = f"{npm_prefix.rstrip('/')}/bin"
+
+    def install_command(self) -> str:
+        prefix = f" --prefix {shlex.quote(self.npm_prefix)}" if self.npm_prefix else ""
+        return f"npm install -g{prefix} --no-fund --no-audit {self.package}@{self.package_version}"
 
 
 class _Tail(threading.Thread):
@@ -781,7 +794,7 @@ def _scrub_files(env: Environment, local: bool, host_dir: Path, run_dir: str, se
             if p.is_file():
                 text = p.read_text(encoding="utf-8", errors="replace")
                 if any(s and s in text for s in secrets):
-                    p.write_text(redact(text, secrets), encoding="utf-8")
+                    p.write_text(redact_text(text, secrets), encoding="utf-8")
         shutil.rmtree(host_dir / "home", ignore_errors=True)
         p = host_dir / "stderr.log"
         return p.read_text(encoding="utf-8", errors="replace")[-20000:] if p.is_file() else ""
@@ -789,13 +802,13 @@ def _scrub_files(env: Environment, local: bool, host_dir: Path, run_dir: str, se
         stderr = read_back(env, f"{run_dir}/stderr.log")
     except Exception:  # noqa: BLE001
         stderr = ""
-    (host_dir / "stderr.log").write_text(redact(stderr, secrets), encoding="utf-8")
+    (host_dir / "stderr.log").write_text(redact_text(stderr, secrets), encoding="utf-8")
     env.exec(f"rm -rf {shlex.quote(run_dir)}/home", timeout_s=60)
     return stderr[-20000:]
 
 
 def _persist_trajectory(traj: Trajectory, host_dir: Path, secrets: tuple[str, ...]) -> None:
     try:
-        (host_dir / "trajectory.json").write_text(redact(traj.model_dump_json(indent=1), secrets), encoding="utf-8")
+        (host_dir / "trajectory.json").write_text(redact_text(traj.model_dump_json(indent=1), secrets), encoding="utf-8")
     except OSError:
         pass

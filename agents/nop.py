@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from saasbench.agents.base import Agent, Budget, Trajectory, register_agent
 
 if TYPE_CHECKING:
-    from saasbench.environment import Environment
+    from saasbench.environments.local import Environment
 
 
 @register_agent("nop")

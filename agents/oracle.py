@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from saasbench.agents.base import Agent, Budget, Trajectory, register_agent
 
 if TYPE_CHECKING:
-    from saasbench.environment import Environment
-    from saasbench.tasks import Task
+    from saasbench.catalog.tasks import Task
+    from saasbench.environments.local import Environment
 
 SKIP_DIRS = frozenset({"__pycache__", ".git", "node_modules", ".venv", ".pytest_cache"})
 

@@ -49,12 +49,12 @@ def main() -> int:
 
     import httpx
 
-    from saasbench.auth import AuthProfile
-    from saasbench.context import RunContext, RunOptions, Target
     from saasbench.dag import load_dag_data
-    from saasbench.engine import Engine, build_report
+    from saasbench.evaluation.context import RunContext, RunOptions, Target
+    from saasbench.evaluation.engine import Engine, build_report
+    from saasbench.evaluation.results import NodeResult, Status, StepRecord
     from saasbench.primitives.registry import REGISTRY
-    from saasbench.results import NodeResult, Status, StepRecord
+    from saasbench.services.auth import AuthProfile
 
     REGISTRY.spec("P04")
     rows: list = []
@@ -75,7 +75,7 @@ def main() -> int:
         ctx.start_node_clock(3600)
         engine._run_step("P13", {"role": "admin"})
         ident = ctx.auth.active
-        bench("saasbench.http.HttpClient.request (identity, stream, cap)", lambda: ctx.http.request("GET", "/api/items/42", identity=ident, timeout_s=30), n, rows)
+        bench("saasbench.services.http.HttpClient.request (identity, stream, cap)", lambda: ctx.http.request("GET", "/api/items/42", identity=ident, timeout_s=30), n, rows)
         bench("Engine._run_step P04 GET (resolve + validate + P04)", lambda: engine._run_step("P04", {"method": "GET", "path": "/api/items/42"}), n, rows)
 
         print("-- CPU only --")

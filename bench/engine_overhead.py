@@ -1,7 +1,7 @@
 """Engine overhead: harness time and memory per primitive beyond the app's own service time.
 
 Runs a synthetic validation DAG (1,500 nodes by default, about the size of the paper's largest
-task) through :class:`saasbench.engine.Engine` against a fast local HTTP app and compares it with
+task) through :class:`saasbench.evaluation.engine.Engine` against a fast local HTTP app and compares it with
 
 1. the app's own service time, measured inside the app (``/__bench/stats``: nanoseconds from
    "a complete request is in the buffer" to "the response bytes are built", summed over
@@ -452,11 +452,11 @@ def _maxrss_mb() -> float:
 
 def worker_engine(spec: dict[str, Any]) -> dict[str, Any]:
     t_import = time.perf_counter()
-    from saasbench.auth import AuthProfile
-    from saasbench.context import RunContext, RunOptions, Target
     from saasbench.dag import load_dag_data
-    from saasbench.engine import Engine, build_report
+    from saasbench.evaluation.context import RunContext, RunOptions, Target
+    from saasbench.evaluation.engine import Engine, build_report
     from saasbench.primitives.registry import REGISTRY
+    from saasbench.services.auth import AuthProfile
 
     REGISTRY.spec("P04")  # import the built-in primitives now, not inside the timed run
     import_s = time.perf_counter() - t_import

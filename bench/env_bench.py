@@ -15,9 +15,9 @@ root, overlay2 else vfs, no iptables, stopped by its PID at the end) or on the h
    (``python3 -m compileall``). The service spec is ``build: <context>`` with a **fresh**
    image-cache dir, so ``DockerEnvironment.start`` goes through ``ImageCache.ensure``.
 3. **Trials.** One cold and ``--warm`` (default 3) warm ``env up`` of the ``timetrack`` task with
-   that spec, each a new :class:`~saasbench.docker_env.DockerEnvironment`: ``start()`` (ensure,
+   that spec, each a new :class:`~saasbench.environments.docker.DockerEnvironment`: ``start()`` (ensure,
    network, container create/start, shell probe, host proxy), the ``oracle`` agent (copies the
-   reference into the workspace, runs ``reference.install``), :func:`~saasbench.environment.start_app`
+   reference into the workspace, runs ``reference.install``), :func:`~saasbench.environments.local.start_app`
    (``bash run.sh`` as a service, then the health wait on ``/api/health``), one ``GET`` of the
    health URL, and ``stop()`` (teardown). ``ImageCache.ensure`` is wrapped to time it, and
    ``builds.jsonl`` is counted before and after each trial: every warm trial must add **0** builds
@@ -50,8 +50,8 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/dockerd.py: start / stop a priv
 
 import dockerd as dk
 
-from saasbench.envspec import BuildSpec, EnvSpec, ServiceSpec
-from saasbench.imagecache import ImageCache
+from saasbench.catalog.envspec import BuildSpec, EnvSpec, ServiceSpec
+from saasbench.environments.imagecache import ImageCache
 
 BASE_IMAGE = dk.PYTHON_IMAGE
 DOCKERFILE = f"""\
@@ -179,8 +179,8 @@ def trial(client: Any, task: Any, spec: EnvSpec, cache_dir: Path, timer: EnsureT
 
     from saasbench.agents import build_prompt, get_agent
     from saasbench.agents.base import Budget
-    from saasbench.docker_env import DockerEnvironment
-    from saasbench.environment import start_app
+    from saasbench.environments.docker import DockerEnvironment
+    from saasbench.environments.local import start_app
 
     cache = ImageCache(client, cache_dir=cache_dir)
     builds_before = len(cache.builds())
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every number to this file")
     args = ap.parse_args(argv)
 
-    from saasbench.tasks import load_task
+    from saasbench.catalog.tasks import load_task
 
     task = load_task("timetrack")
     work = Path(tempfile.mkdtemp(prefix="sbenv-bench-"))

@@ -55,12 +55,12 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from saasbench import aggregate
+from saasbench.evaluation.scoring import floor_tenth
 from saasbench.lake import lake_from_uri, write_trial
 from saasbench.lake import schema as S
 from saasbench.lake.batch import compact, merge_batches, write_batch
 from saasbench.lake.writer import TrialRows
-from saasbench.scoring import floor_tenth
+from saasbench.reports import aggregate
 
 CATEGORIES = ["Deployment", "Setup", "DataModel", "Cache", "API_CRUD", "GraphQL", "Webhook", "BusinessLogic_Orders",
               "Workflow", "Payment", "Authentication", "RBAC", "AuditLog", "ArchitectureQuality", "UIConsistency",
@@ -215,7 +215,7 @@ def time_report(uri: str, sweeps: list[str], repeats: int, reference: bool = Fal
 COLD = """
 import sys, time
 import boto3, duckdb, pyarrow, pyarrow.compute  # imports are not aggregation: done before the clock
-from saasbench import aggregate
+from saasbench.reports import aggregate
 from saasbench.lake import connect
 uri = sys.argv[1]
 t0 = time.perf_counter()

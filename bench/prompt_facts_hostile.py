@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_prompt_facts import HOSTILE  # noqa: E402
 
-from saasbench.prompt_facts import parse_prompt_for_model  # noqa: E402
+from saasbench.catalog.prompt_facts import parse_prompt_for_model  # noqa: E402
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-from saasbench import sweep as core
+from saasbench.runs import sweep as core
 
 
 def artifact_key(sweep_id: str, kind: str) -> str:

@@ -22,8 +22,8 @@ def _retry(task_obj, task_run, state) -> bool:
 def build_env_task(task_id: str) -> str:
     import docker
 
-    from saasbench.imagecache import BuildError, ImageCache
-    from saasbench.tasks import load_task
+    from saasbench.catalog.tasks import load_task
+    from saasbench.environments.imagecache import BuildError, ImageCache
 
     try:
         t = load_task(task_id)

@@ -1,6 +1,6 @@
 """Evaluate stage: a task's DAG against an app that is already running (``saasbench evaluate`` as a task).
 
-Inside a sweep, evaluation runs in the trial's own environment (``saasbench.trial``); this flow is
+Inside a sweep, evaluation runs in the trial's own environment (``saasbench.runs.trial``); this flow is
 for re-scoring a live deployment. No judge here: judge nodes are SKIPPED_LLM.
 """
 
@@ -13,10 +13,10 @@ from saasbench.failures import TaskDefect
 
 @task(name="evaluate", retries=0)
 def evaluate_task(task_id: str, base_url: str, node_timeout_s: float = 120.0) -> dict:
-    from saasbench.context import RunContext, RunOptions, Target
+    from saasbench.catalog.tasks import load_task
     from saasbench.dag import load_dag
-    from saasbench.engine import Engine
-    from saasbench.tasks import load_task
+    from saasbench.evaluation.context import RunContext, RunOptions, Target
+    from saasbench.evaluation.engine import Engine
 
     try:
         t = load_task(task_id)

@@ -25,11 +25,12 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from saasbench import limits, settings
-from saasbench import sweep as core
+from saasbench import settings
 from saasbench.failures import EnvError, is_retryable
 from saasbench.flows.aggregate import aggregate_task, publish_artifacts
 from saasbench.flows.trial import record_failure_task, run_trial_task
+from saasbench.runs import sweep as core
+from saasbench.services import limits
 
 MAX_WORKERS = int(settings.get("SAASBENCH_MAX_WORKERS") or "16")
 
@@ -41,7 +42,7 @@ def write_sweep_row_task(spec: core.SweepSpec) -> None:
 
 @task(name="concurrency-limits")
 def limits_task(spec: core.SweepSpec) -> list[tuple[str, int]]:
-    """Create/update the Prefect global concurrency limits of the sweep's config (saasbench.limits)."""
+    """Create/update the Prefect global concurrency limits of the sweep's config (saasbench.services.limits)."""
     return limits.ensure_prefect_limits(limits.configure_from_spec(spec))
 
 

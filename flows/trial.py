@@ -13,9 +13,9 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.states import State
 
-from saasbench import limits
-from saasbench import sweep as core
 from saasbench.failures import is_retryable
+from saasbench.runs import sweep as core
+from saasbench.services import limits
 
 RETRY_DELAYS = [10, 60]
 

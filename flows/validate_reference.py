@@ -9,8 +9,8 @@ from saasbench.failures import TaskDefect
 
 @task(name="validate-reference")
 def validate_reference_task(task_id: str, repeats: int = 3, out_dir: str | None = None) -> dict:
-    from saasbench.tasks import load_task
-    from saasbench.validate import validate_reference
+    from saasbench.catalog.tasks import load_task
+    from saasbench.runs.validate import validate_reference
 
     try:
         t = load_task(task_id)

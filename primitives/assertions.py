@@ -1,7 +1,7 @@
 """Assertion primitives: P06 (required fields and types) and P07 (path-based value assertions).
 
 Both read the run's *last document* (the last response body, a P05 result, P08 rows) unless a
-``response``/``source`` input names another value. Paths use :mod:`saasbench.jsonpath`.
+``response``/``source`` input names another value. Paths use :mod:`saasbench.dag.jsonpath`.
 Every P07 dialect found in real DAGs is normalised by the input models into one canonical
 assertion ``{path, op, expected, expected_type, tolerance, save_as}``; each normalisation is
 recorded with :func:`saasbench.dag.note`. The app's data never raises: a missing field, a wrong
@@ -22,13 +22,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from saasbench.context import RunContext
 from saasbench.dag import PLACEHOLDER_RE, StepDefect, is_annotation, note, warn
-from saasbench.jsonpath import ABSENT, PathError, parse
-from saasbench.jsonpath import evaluate as path_value
-from saasbench.placeholders import MISSING, UnresolvedPlaceholder, to_text
+from saasbench.dag.jsonpath import ABSENT, PathError, parse
+from saasbench.dag.jsonpath import evaluate as path_value
+from saasbench.dag.placeholders import MISSING, UnresolvedPlaceholder, to_text
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive
-from saasbench.results import StepResult
 
 MAX_REGEX_SUBJECT = 100_000  # chars; Python's re has no timeout, so bound the work instead
 JWT_CLOCK_SLACK_S = 300  # app container and harness clocks may disagree a little
@@ -198,7 +198,7 @@ class Assertion(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    path: str = Field(default="$", description="Path into the document (see saasbench.jsonpath)")
+    path: str = Field(default="$", description="Path into the document (see saasbench.dag.jsonpath)")
     op: str = Field(default="equals", description="Canonical operator (aliases and legacy keys are normalised)")
     expected: Any = Field(default=None, description="Expected value; a list for 'in'; a regex for matches_regex")
     expected_type: str | None = Field(default=None, description="Also require this JSON type (string|number|integer|boolean|object|array|null)")

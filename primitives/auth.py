@@ -7,11 +7,11 @@ from typing import Any
 import httpx
 from pydantic import Field, model_validator
 
-from saasbench.auth import LoginFailed
-from saasbench.context import RunContext
 from saasbench.dag import note
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive
-from saasbench.results import StepResult
+from saasbench.services.auth import LoginFailed
 
 
 class P13Inputs(PrimitiveInputs):

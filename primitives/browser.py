@@ -1,6 +1,6 @@
 """Browser primitives: RENDER_DOM, SCREENSHOT, P18 browser_interaction, P19 dom_assertion.
 
-All four drive the run's one headless Chromium (:mod:`saasbench.browser`): each step opens a
+All four drive the run's one headless Chromium (:mod:`saasbench.services.browser`): each step opens a
 fresh browser context carrying the active identity (cookies of its jar for the app's host, its
 auth headers), so pages behind a login render as that user; when the auth profile names a
 ``browser_scheme`` (e.g. a cookie session while the API uses a bearer token), the active role is
@@ -14,7 +14,7 @@ Outcomes (never an exception for anything the app does):
   unreachable=True`` (an llm-judge node is then FAILED, not SKIPPED_LLM);
 - the app answered with status >= 400, or a required selector never appeared, or the page
   left the app's host -> ``passed=False`` with a message;
-- no usable Chromium/Playwright -> :class:`saasbench.browser.BrowserUnavailable` (ERROR: an
+- no usable Chromium/Playwright -> :class:`saasbench.services.browser.BrowserUnavailable` (ERROR: an
   environment problem, not the app's failure).
 
 Captures (``ctx.capture``: visible to the node's later steps, placeholders and the run):
@@ -44,8 +44,13 @@ from pydantic import (
     model_validator,
 )
 
-from saasbench.auth import LoginFailed
-from saasbench.browser import (
+from saasbench.dag import note, warn
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
+from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps, scoped
+from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
+from saasbench.services.auth import LoginFailed
+from saasbench.services.browser import (
     DEFAULT_MAX_CHARS,
     LAUNCH_TIMEOUT_S,
     MIN_DOM_CHARS,
@@ -67,12 +72,7 @@ from saasbench.browser import (
     session_for,
     url_slug,
 )
-from saasbench.context import RunContext
-from saasbench.dag import note, warn
-from saasbench.http import Identity
-from saasbench.primitives.browser_steps import _ACTION_ALIASES, BrowserStep, _alias, normalise_steps, scoped
-from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-from saasbench.results import StepResult
+from saasbench.services.http import Identity
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
 _WAIT_ALIASES = {"networkidle0": "networkidle", "networkidle2": "networkidle", "network_idle": "networkidle",

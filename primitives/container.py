@@ -1,11 +1,11 @@
 """Container primitives P12 (container_exec) and P21 (log_content_check).
 
 Both act through an exec target (``ctx.target.exec_target``, ``saasbench evaluate --exec
-local:DIR|docker:CONTAINER``, see :mod:`saasbench.exec_target`) or else the trial's Environment
-backend (``ctx.target.environment``, see :mod:`saasbench.environment`): P12 runs a shell command
+local:DIR|docker:CONTAINER``, see :mod:`saasbench.environments.exec_target`) or else the trial's Environment
+backend (``ctx.target.environment``, see :mod:`saasbench.environments.local`): P12 runs a shell command
 where the app runs (the app container, the local workspace, or the --exec target), P21 reads a
 log. Every command gets ``ctx.target.exec_env``. With neither, the step raises
-:class:`~saasbench.exec_target.NoExecTarget` and the node is ERROR with a message naming ``--exec``.
+:class:`~saasbench.environments.exec_target.NoExecTarget` and the node is ERROR with a message naming ``--exec``.
 
 Limits: each output stream is capped at 1 MiB by the environment (the evidence keeps the last
 2,000 characters of each); the command's timeout is bounded by the node deadline; P21 reads log
@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from saasbench.context import RunContext
 from saasbench.dag import note
-from saasbench.placeholders import UnresolvedPlaceholder
+from saasbench.dag.placeholders import UnresolvedPlaceholder
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-from saasbench.results import StepResult
 
 EVIDENCE_CHARS = 2000
 LOG_CAPTURE_CHARS = 20000  # of a log P21 read, kept as {{last_container_logs}}
@@ -31,7 +31,7 @@ LOG_CAPTURE_CHARS = 20000  # of a log P21 read, kept as {{last_container_logs}}
 
 def _environment(ctx: RunContext, code: str) -> Any:
     """The exec target or environment; raises NoExecTarget (node ERROR) when there is neither."""
-    from saasbench.exec_target import exec_target_of
+    from saasbench.environments.exec_target import exec_target_of
 
     return exec_target_of(ctx, code)
 
@@ -39,7 +39,7 @@ def _environment(ctx: RunContext, code: str) -> Any:
 def command_env(ctx: RunContext, command: str = "") -> dict[str, str]:
     """What a P12 command's ``${VAR}`` sees: ``meta.env_defaults``, then run variables (``--var``)
     the command names as ``${VAR}``, then the exec variables (``--exec-env``, task ``exec_env``)."""
-    from saasbench.placeholders import SHELL
+    from saasbench.dag.placeholders import SHELL
 
     named = {m.group(1) for m in SHELL.finditer(command)}
     run_vars = {k: str(v) for k, v in ctx.vars.items() if k in named and isinstance(v, (str, int, float))}
@@ -203,7 +203,7 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     except KeyError:
         pass
     if text is None and not callable(getattr(env, "read_file", None)):  # an exec target: tail where commands run
-        from saasbench.environment import EnvError
+        from saasbench.environments.local import EnvError
 
         source = "exec"
         try:
@@ -216,7 +216,7 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
             return StepResult(passed=False, message=f"cannot read log {inputs.log_path!r}: {exc}",
                               evidence={"log_path": inputs.log_path, "source": source})
     if text is None:
-        from saasbench.environment import EnvError, PathEscape
+        from saasbench.environments.local import EnvError, PathEscape
 
         try:
             raw = env.read_file(inputs.log_path)

@@ -1,6 +1,6 @@
 """Database primitives: P08 db_query, P09 db_table_exists, P10 db_column_check, P11 db_index_check.
 
-They talk to the app's database through :mod:`saasbench.db` (one connection per run, from
+They talk to the app's database through :mod:`saasbench.services.db` (one connection per run, from
 ``--db-dsn``). Without a DSN every step fails with "no database: pass --db-dsn"; a database
 error (syntax error, timeout, lost connection) fails the step with the driver's message.
 
@@ -57,9 +57,12 @@ from typing import Any
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from saasbench.context import RunContext
 from saasbench.dag import note, warn
-from saasbench.db import (
+from saasbench.dag.placeholders import MISSING, UnresolvedPlaceholder, split_path, to_text, walk
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
+from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
+from saasbench.services.db import (
     Column,
     Database,
     DatabaseError,
@@ -70,9 +73,6 @@ from saasbench.db import (
     get_database,
     unquote_name,
 )
-from saasbench.placeholders import MISSING, UnresolvedPlaceholder, split_path, to_text, walk
-from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-from saasbench.results import StepResult
 
 EVIDENCE_ROWS = 20
 
@@ -549,7 +549,7 @@ class Evaluator:
         return failures
 
     def path_assertion(self, pa: PathAssertion, result: QueryResult, first: dict[str, Any] | None) -> list[str]:
-        from saasbench.jsonpath import ABSENT, PathError
+        from saasbench.dag.jsonpath import ABSENT, PathError
         from saasbench.primitives import assertions as p07
 
         a = pa.assertion

@@ -27,13 +27,12 @@ from urllib.parse import quote, urlencode
 import httpx
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from saasbench.auth import LoginFailed
-from saasbench.context import RunContext, extract_id
 from saasbench.dag import StepDefect, note, warn
-from saasbench.http import HttpResponse, Identity, ResponseTooLarge
-from saasbench.jsonpath import ABSENT, PathError, parse
-from saasbench.jsonpath import evaluate as path_value
-from saasbench.placeholders import MUSTACHE, SHELL, UnresolvedPlaceholder, to_text
+from saasbench.dag.jsonpath import ABSENT, PathError, parse
+from saasbench.dag.jsonpath import evaluate as path_value
+from saasbench.dag.placeholders import MUSTACHE, SHELL, UnresolvedPlaceholder, to_text
+from saasbench.evaluation.context import RunContext, extract_id
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.assertions import (
     MAX_REGEX_SUBJECT,
     UNARY,
@@ -45,7 +44,8 @@ from saasbench.primitives.assertions import (
     values_equal,
 )
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
-from saasbench.results import StepResult
+from saasbench.services.auth import LoginFailed
+from saasbench.services.http import HttpResponse, Identity, ResponseTooLarge
 
 EXCERPT_BYTES = 2048
 _METHOD_RE = re.compile(r"^[A-Za-z]+$")

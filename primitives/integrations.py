@@ -28,7 +28,7 @@ dialect works, and the query is re-run until it holds. ``http`` polls the endpoi
 is as expected (default 2xx) and every P07 assertion holds on the body. Both stop at
 ``max_wait_ms`` (default 15000) or at the node deadline, whichever comes first.
 
-Receivers (P27, P28) come from :mod:`saasbench.receivers`: one webhook receiver / SMTP sink per
+Receivers (P27, P28) come from :mod:`saasbench.services.receivers`: one webhook receiver / SMTP sink per
 run on ephemeral ports, started on first use, stopped when the run closes. Their addresses are
 the run variables ``{{webhook_url}}`` (``http://host:port/hook``), ``{{webhook_port}}``,
 ``{{webhook_host}}``, ``{{webhook_base_url}}``, ``{{smtp_host}}``, ``{{smtp_port}}``,
@@ -49,9 +49,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from saasbench.context import RunContext
 from saasbench.dag import note, warn
-from saasbench.placeholders import UnresolvedPlaceholder
+from saasbench.dag.placeholders import UnresolvedPlaceholder
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.assertions import UNARY, Assertion, Doc, check, short
 from saasbench.primitives.db import db_check
 from saasbench.primitives.http import (
@@ -63,14 +64,13 @@ from saasbench.primitives.http import (
     send,
 )
 from saasbench.primitives.registry import REGISTRY, PrimitiveInputs, primitive, rename_aliases
-from saasbench.receivers import (
+from saasbench.services.receivers import (
     Delivery,
     MailMessage,
     ensure_smtp_sink,
     ensure_webhook_receiver,
     parse_message,
 )
-from saasbench.results import StepResult
 
 DEFAULT_WAIT_MS = 15000
 EVIDENCE_ITEMS = 10
@@ -334,7 +334,7 @@ def _request_timeout(deadline: float) -> float:
 
 
 def _assert_all(ctx: RunContext, assertions: list[Assertion], doc: Doc) -> tuple[list[dict[str, Any]], list[str]]:
-    from saasbench.jsonpath import ABSENT, PathError
+    from saasbench.dag.jsonpath import ABSENT, PathError
 
     rows: list[dict[str, Any]] = []
     failures: list[str] = []

@@ -1,6 +1,6 @@
 """Judge primitive: P17 llm_judge (rubric-based LLM scoring of gathered evidence).
 
-The step asks the run's judge (``ctx.judge``, a :class:`saasbench.judge.Judge`) to score
+The step asks the run's judge (``ctx.judge``, a :class:`saasbench.services.judge.Judge`) to score
 evidence against the node's rubric and hands the engine ``judge_score`` on ``judge_range``;
 the engine turns it into points (``clip(judge * M / hi, 0, M)``, docs/dag-semantics.md).
 
@@ -14,7 +14,7 @@ Outcomes:
 - otherwise ``passed = score > 0`` with the call's model, prompt hash, evidence digest, reply
   excerpt, latency and cache flag as evidence.
 
-Evidence types: ``code_files`` (workspace sample, see :func:`saasbench.judge.code_evidence`),
+Evidence types: ``code_files`` (workspace sample, see :func:`saasbench.services.judge.code_evidence`),
 ``http_response_body``/``http_response_html`` (the last response), ``rendered_dom`` (set by
 RENDER_DOM), ``screenshot`` (PNG paths in ``screenshots``, sent as images, with the DOM as text),
 ``http_exchanges`` (the run's recorded HTTP exchanges, ``ctx.response_log``; only the last response
@@ -31,9 +31,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from saasbench.context import RunContext
 from saasbench.dag import note, warn
-from saasbench.judge import (
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
+from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.services.judge import (
     MAX_FILES,
     MAX_IMAGES,
     PER_FILE_CHARS,
@@ -49,8 +51,6 @@ from saasbench.judge import (
     rows_evidence,
     screenshot_evidence,
 )
-from saasbench.primitives.registry import PrimitiveInputs, primitive
-from saasbench.results import StepResult
 
 EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot", "logs",
                        "http_exchanges", "http_response_headers", "db_query_result", "directory_listing"]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from saasbench.context import RunContext
-    from saasbench.results import StepResult
+    from saasbench.evaluation.context import RunContext
+    from saasbench.evaluation.results import StepResult
 
 
 class PrimitiveInputs(BaseModel):

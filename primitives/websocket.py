@@ -53,14 +53,14 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from saasbench.browser import allowed_hosts_for, url_allowed
-from saasbench.context import RunContext
 from saasbench.dag import note, warn
+from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives import container
 from saasbench.primitives.browser_steps import _alias, scoped
 from saasbench.primitives.integrations import Trigger, fire
 from saasbench.primitives.registry import primitive, rename_aliases
-from saasbench.results import StepResult
+from saasbench.services.browser import allowed_hosts_for, url_allowed
 
 MAX_MESSAGES = 500
 MAX_TEXT = 200_000  # chars of received text kept (and searched)

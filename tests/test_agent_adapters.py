@@ -27,7 +27,7 @@ from saasbench.agents.events import (
     to_shell,
 )
 from saasbench.agents.openhands import OpenHandsAgent
-from saasbench.environment import LocalEnvironment
+from saasbench.environments.local import LocalEnvironment
 
 SAMPLES = CONFORMANCE_DIR.parents[1] / "reference" / "agent-samples"
 
@@ -147,7 +147,7 @@ def test_content_is_capped_and_secrets_redacted() -> None:
     traj = Trajectory(agent="t")
     apply_events(traj, events, ("sk-secret-123",))
     dumped = traj.model_dump_json()
-    assert "sk-secret-123" not in dumped and "***" in dumped
+    assert "sk-secret-123" not in dumped and "[REDACTED]" in dumped
     assert traj.events[1].kind == "tool_call" and traj.events[1].data["tool"] == "Bash"
 
 
@@ -296,7 +296,7 @@ def test_run_with_standin_cli(tmp_path: Path, fmt: str, monkeypatch: pytest.Monk
     assert ws_files == {"made_by_agent.txt"}  # prompt, config, stream all live outside the workspace
 
     # the key: in the agent's process env only; never in the trajectory or the artefacts
-    assert key not in traj.model_dump_json() and "***" in traj.model_dump_json()
+    assert key not in traj.model_dump_json() and "[REDACTED]" in traj.model_dump_json()
     art = Path(agent.last_artefacts["dir"])
     assert art.parent == tmp_path / "artefacts" and not str(art).startswith(ws)
     events_file = Path(agent.last_artefacts["events"])

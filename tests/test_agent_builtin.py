@@ -21,7 +21,7 @@ from saasbench.agents.builtin import (
     ENV_MODEL,
     BuiltinAgent,
 )
-from saasbench.environment import LocalEnvironment
+from saasbench.environments.local import LocalEnvironment
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"
 SECRET = "sk-test-secret-0123456789"
@@ -183,8 +183,8 @@ def test_misconfiguration_is_agent_error(env: LocalEnvironment, monkeypatch) -> 
 
 def test_builtin_writing_the_reference_beats_nop(llm: FakeLLM, monkeypatch) -> None:
     """A scripted rollout writes tasks/timetrack/reference into the workspace; the trial scores it above nop."""
-    from saasbench.tasks import load_task_dir
-    from saasbench.trial import run_local_trial
+    from saasbench.catalog.tasks import load_task_dir
+    from saasbench.runs.trial import run_local_trial
 
     task = load_task_dir(TASK_DIR)
     ref = TASK_DIR / "reference"

@@ -16,7 +16,7 @@ from saasbench.agents import (
     get_agent,
     list_agents,
 )
-from saasbench.environment import LocalEnvironment, pid_alive, start_app
+from saasbench.environments.local import LocalEnvironment, pid_alive, start_app
 
 
 class EchoAgent(Agent):  # a custom agent, loaded by import path

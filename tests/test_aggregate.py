@@ -29,10 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from saasbench import aggregate, scoring
-from saasbench.backbones import BACKBONES, backbone_for, mapping, unknown_categories
+from saasbench.evaluation import scoring
 from saasbench.lake import connect, write_sweep, write_trial
 from saasbench.lake.writer import TrialRows
+from saasbench.reports import aggregate
+from saasbench.reports.backbones import BACKBONES, backbone_for, mapping, unknown_categories
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -313,7 +314,7 @@ def test_report_and_compare_commands(lake, tmp_path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from saasbench.cli_lake import compare_cmd, report_cmd
+    from saasbench.cli.lake import compare_cmd, report_cmd
 
     app = typer.Typer()
     app.command("report")(report_cmd)
@@ -337,7 +338,7 @@ def test_report_and_compare_commands(lake, tmp_path) -> None:
 def test_group_aggregate_equals_scoring_aggregate() -> None:
     import random
 
-    from saasbench.results import NodeResult, Status
+    from saasbench.evaluation.results import NodeResult, Status
 
     rng = random.Random(1234)
     statuses = list(Status)

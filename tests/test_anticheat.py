@@ -134,8 +134,8 @@ def test_evaluator_integrity_hashes(tmp_path: Path) -> None:
 def test_a_cheating_trial_is_voided_end_to_end(tmp_path):
     """run_local_trial marks a trajectory that clones a repository as voided_cheat, with evidence."""
     import saasbench.agents.base as base
-    from saasbench.tasks import load_task
-    from saasbench.trial import run_local_trial
+    from saasbench.catalog.tasks import load_task
+    from saasbench.runs.trial import run_local_trial
 
     class Cloner(base.Agent):
         name = "test-cloner"

@@ -26,11 +26,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from saasbench.auth import AuthProfileError, load_auth_profile
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import load_dag
-from saasbench.engine import Engine
-from saasbench.results import Status
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status
+from saasbench.services.auth import AuthProfileError, load_auth_profile
 
 SUPERSET_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "superset-auth.yaml"
 USERS = {"admin": "admin", "gamma_eval": "GammaPass123", "alpha_eval": "AlphaPass123"}
@@ -396,7 +396,7 @@ def test_superset_example_profile_api_and_session(app: tuple[str, App], tmp_path
 
 # --- (e) browser_scheme: the browser logs in with the session while the API keeps the bearer ---------
 def test_browser_scheme_renders_the_logged_in_page(app: tuple[str, App], tmp_path: Path) -> None:
-    from saasbench.browser import find_chromium
+    from saasbench.services.browser import find_chromium
 
     try:
         import playwright  # noqa: F401
@@ -458,7 +458,7 @@ def test_browser_identity_reuses_the_active_credentials_and_keeps_the_active_ide
 
 
 def test_the_superset_example_in_the_docs_loads() -> None:
-    from saasbench.auth import AuthProfile
+    from saasbench.services.auth import AuthProfile
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "dag-semantics.md").read_text()
     block = text.split("## Auth profiles", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]

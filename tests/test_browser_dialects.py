@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from saasbench.browser import find_chromium
-from saasbench.context import RunContext, RunOptions, Target
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import REGISTRY
-from saasbench.results import StepResult
+from saasbench.services.browser import find_chromium
 
 try:
     import playwright  # noqa: F401

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from saasbench.cli import app
+from saasbench.cli.main import app
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "220", "NO_COLOR": "1", "TERM": "dumb"}
@@ -93,9 +93,9 @@ def test_every_command_has_help_with_an_example(args: list[str]) -> None:
 
 def test_console_script_help_is_light() -> None:
     """`saasbench --help` works as a process and loads neither httpx nor the engine."""
-    code = ("import sys; from saasbench.cli import main; sys.argv = ['saasbench', '--help']\n"
+    code = ("import sys; from saasbench.cli.main import main; sys.argv = ['saasbench', '--help']\n"
             "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "heavy = [m for m in ('httpx', 'saasbench.engine', 'saasbench.dag', 'saasbench.primitives.files') if m in sys.modules]\n"
+            "heavy = [m for m in ('httpx', 'saasbench.evaluation.engine', 'saasbench.dag', 'saasbench.primitives.files') if m in sys.modules]\n"
             "print('HEAVY', heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, **WIDE})
@@ -283,7 +283,7 @@ def test_evaluate_default_out_dir(tmp_path: Path, valid_dag: Path, workspace: Pa
 
 @pytest.fixture
 def teamnotes(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    from saasbench.examples.teamnotes import serve_in_thread
+    from apps.teamnotes import serve_in_thread
 
     ws = tmp_path / "tn-workspace"
     ws.mkdir()

@@ -7,10 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from apps.teamnotes import serve_in_thread
 from typer.testing import CliRunner
 
-from saasbench.cli import app
-from saasbench.examples.teamnotes import serve_in_thread
+from saasbench.cli.main import app
 from tests.fake_llm import FakeLLM, Reply
 
 runner = CliRunner()

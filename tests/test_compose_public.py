@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from shared_data import PUBLIC_TASK_IDS, PUBLIC_TASKS_DIR
 
-from saasbench.envspec import SpecError, import_compose
-from saasbench.imagemap import ImageMap, apply_image_map, image_needs, read_image_map
+from saasbench.catalog.envspec import SpecError, import_compose
+from saasbench.catalog.imagemap import ImageMap, apply_image_map, image_needs, read_image_map
 
 # services in file order, the app service, and the variables that have neither a value nor a default
 EXPECTED = {

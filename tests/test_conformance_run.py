@@ -17,12 +17,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from shared_data import CONFORMANCE_DIR, MJOBBZSI_SMOKE_DAG
 
-from saasbench.auth import AuthProfile
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import load_dag
-from saasbench.engine import Engine
-from saasbench.environment import LocalEnvironment
-from saasbench.results import Status
+from saasbench.environments.local import LocalEnvironment
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status
+from saasbench.services.auth import AuthProfile
 
 DAGS = sorted(CONFORMANCE_DIR.glob("*/dag.json"))
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from saasbench.tasks import load_task
-from saasbench.trial import run_local_trial
+from saasbench.catalog.tasks import load_task
+from saasbench.runs.trial import run_local_trial
 
 
 def test_timetrack_oracle_in_docker_scores_like_local(docker_client, python_image):  # noqa: F811

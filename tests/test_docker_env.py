@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from saasbench.docker_env import (
+from saasbench.catalog.envspec import EnvSpec, ServiceSpec, SpecError, import_compose
+from saasbench.environments.docker import (
     L_CREATED,
     L_HOST,
     L_PID,
@@ -29,9 +30,8 @@ from saasbench.docker_env import (
     list_trials,
     prune,
 )
-from saasbench.environment import ServiceError, self_check
-from saasbench.envspec import EnvSpec, ServiceSpec, SpecError, import_compose
-from saasbench.imagecache import BuildError, ImageCache
+from saasbench.environments.imagecache import BuildError, ImageCache
+from saasbench.environments.local import ServiceError, self_check
 
 
 def leftovers(client, trial: str) -> list[str]:
@@ -148,8 +148,8 @@ def test_two_service_stack_and_teardown(docker_client, busybox_image, tmp_path):
 
 
 def test_task_environment_and_start_app(docker_client, busybox_image, tmp_path):
-    from saasbench.environment import start_app
-    from saasbench.tasks import Task, TaskSpec
+    from saasbench.catalog.tasks import Task, TaskSpec
+    from saasbench.environments.local import start_app
 
     (tmp_path / "environment").mkdir()
     (tmp_path / "environment" / "docker-compose.yml").write_text(
@@ -293,7 +293,7 @@ def test_prune_removes_only_dead_owners(docker_client, busybox_image):
         assert leftovers(docker_client, foreign) == []
         assert alive in list_trials(docker_client)
     finally:
-        from saasbench.docker_env import _remove_trial
+        from saasbench.environments.docker import _remove_trial
 
         for t in (gone, alive, foreign):
             _remove_trial(docker_client, t)
@@ -301,8 +301,8 @@ def test_prune_removes_only_dead_owners(docker_client, busybox_image):
 
 RUNNER = """
 import sys, time, docker
-from saasbench.docker_env import DockerEnvironment
-from saasbench.envspec import EnvSpec, ServiceSpec
+from saasbench.environments.docker import DockerEnvironment
+from saasbench.catalog.envspec import EnvSpec, ServiceSpec
 client = docker.DockerClient(base_url=sys.argv[1])
 with DockerEnvironment(spec=EnvSpec(services={"app": ServiceSpec(image=sys.argv[2])}), client=client, trial_id=sys.argv[3]):
     print("ready", flush=True)
@@ -339,7 +339,7 @@ def test_ctrl_c_tears_down_and_prune_reaps_a_killed_run(docker_client, busybox_i
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-            from saasbench.docker_env import _remove_trial
+            from saasbench.environments.docker import _remove_trial
 
             _remove_trial(docker_client, trial)
 

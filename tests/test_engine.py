@@ -18,18 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps import teamnotes
 
-from saasbench.auth import load_auth_profile
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import Dag, load_dag, load_dag_data
-from saasbench.engine import Engine, EngineOptions
-from saasbench.examples import teamnotes
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine, EngineOptions
+from saasbench.evaluation.results import RunReport, Status, StepResult
 from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
-from saasbench.results import RunReport, Status, StepResult
+from saasbench.services.auth import load_auth_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_DAG = ROOT / "tests" / "data" / "engine_dag.json"
-AUTH_PROFILE = ROOT / "saasbench" / "examples" / "teamnotes_auth.yaml"
+AUTH_PROFILE = ROOT / "tests" / "apps" / "teamnotes_auth.yaml"
 
 
 # --- test primitives -----------------------------------------------------------------------------
@@ -397,7 +397,7 @@ def test_unreachable_app_fails_every_http_node_with_a_message() -> None:
 
 
 def test_unreachable_app_with_the_demo_dag_does_not_crash(tmp_path: Path) -> None:
-    dag = load_dag(ROOT / "saasbench" / "examples" / "teamnotes_dag.json").dag
+    dag = load_dag(ROOT / "tests" / "apps" / "teamnotes_dag.json").dag
     report = Engine(dag, make_ctx(closed_port_url(), workspace=tmp_path, env_defaults=dag.env_defaults)).run()
     assert report.summary.counts.ERROR == 0
     assert {r.status for r in report.nodes} <= {Status.FAILED, Status.SKIPPED_DEPENDENCY}

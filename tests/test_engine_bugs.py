@@ -9,15 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from apps import teamnotes
 
-from saasbench.auth import load_auth_profile
-from saasbench.context import RunContext, Target
 from saasbench.dag import load_dag
-from saasbench.engine import Engine
-from saasbench.examples import teamnotes
-from saasbench.results import RunReport, Status
+from saasbench.evaluation.context import RunContext, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import RunReport, Status
+from saasbench.services.auth import load_auth_profile
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "saasbench" / "examples"
+EXAMPLES = Path(__file__).resolve().parent / "apps"
 DEMO_DAG = EXAMPLES / "teamnotes_dag.json"
 AUTH_PROFILE = EXAMPLES / "teamnotes_auth.yaml"
 TOTAL = 107  # sum of the demo DAG's maxScores (also meta.total_maxScore)

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from saasbench.environment import (
+from saasbench.catalog.tasks import Task, load_task
+from saasbench.environments.local import (
     MAX_OUTPUT_BYTES,
     LocalEnvironment,
     PathEscape,
@@ -25,7 +26,6 @@ from saasbench.environment import (
     self_check,
     start_app,
 )
-from saasbench.tasks import Task, load_task
 
 APP_PY = r'''
 import json, os, sqlite3, sys
@@ -250,7 +250,7 @@ def test_wait_healthy_deadline_includes_logs() -> None:
 
 # --- P12 / P21 on the local backend ---------------------------------------------------------------------
 def _step(code: str, inputs: dict[str, Any], env: LocalEnvironment | None):
-    from saasbench.context import RunContext, Target
+    from saasbench.evaluation.context import RunContext, Target
     from saasbench.primitives.registry import REGISTRY
 
     spec = REGISTRY.spec(code)
@@ -260,7 +260,7 @@ def _step(code: str, inputs: dict[str, Any], env: LocalEnvironment | None):
 
 
 def test_p12_without_environment_raises_naming_the_option() -> None:
-    from saasbench.exec_target import NoExecTarget
+    from saasbench.environments.exec_target import NoExecTarget
 
     # raised, so the engine makes the node ERROR (the run could not check it), not FAILED
     with pytest.raises(NoExecTarget, match=r"P12 needs an exec target: pass --exec local:DIR or --exec docker:CONTAINER"):

@@ -17,9 +17,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from saasbench.cli import app
-from saasbench.exec_target import ExecTargetError, LocalExecTarget, parse_env_assignments
-from saasbench.tasks import TaskError, load_task
+from saasbench.catalog.tasks import TaskError, load_task
+from saasbench.cli.main import app
+from saasbench.environments.exec_target import ExecTargetError, LocalExecTarget, parse_env_assignments
 
 WIDE = {"COLUMNS": "220", "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -221,7 +221,7 @@ def test_docker_exec_target(tmp_path: Path, base_url: str, docker_client, busybo
 def test_task_exec_env_reaches_p12_in_a_trial(tmp_path: Path) -> None:
     from test_environment_local import make_task
 
-    from saasbench.trial import run_local_trial
+    from saasbench.runs.trial import run_local_trial
 
     task = make_task(tmp_path / "tasks", extra_nodes=[
         p12("EXEC_ENV", "printf '%s|%s|%s' \"$TASK_VAR\" \"$FROM_FILE\" \"$NUM\"", expect_output_contains="declared|file-value|5"),

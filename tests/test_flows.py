@@ -14,13 +14,13 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
-from saasbench import environment
 from saasbench import lake as lakelib
-from saasbench import sweep as sw
+from saasbench.environments import local as environment
 from saasbench.failures import AgentError
 from saasbench.flows.aggregate import artifact_key
 from saasbench.flows.sweep import sweep_flow
 from saasbench.flows.trial import trial_flow
+from saasbench.runs import sweep as sw
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -194,7 +194,7 @@ def test_deployment_dispatch_failed_child_fails_the_sweep(tmp_path, monkeypatch)
 
 
 class _FakeGateway:
-    """Stands in for saasbench.gateway.Gateway (a real one is tested in test_gateway.py): counts
+    """Stands in for saasbench.runs.gateway.Gateway (a real one is tested in test_gateway.py): counts
     starts and the trials that got a key from it."""
 
     started: list["_FakeGateway"] = []

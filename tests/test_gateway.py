@@ -1,4 +1,4 @@
-"""The model gateway (saasbench/gateway.py): one real LiteLLM proxy for the module, fake providers behind it.
+"""The model gateway (saasbench/runs/gateway.py): one real LiteLLM proxy for the module, fake providers behind it.
 
 Behind the proxy: ``tests/fake_llm.py`` (OpenAI chat completions, scripted 429/529 bursts and dropped
 connections), and the scripted Anthropic Messages / OpenAI Responses fakes of test_agent_adapters.py
@@ -30,13 +30,13 @@ from test_agent_adapters import (
     standin,
 )
 
-from saasbench import gateway as G
 from saasbench.agents.base import Budget
 from saasbench.agents.builtin import BuiltinAgent
 from saasbench.agents.claude_code import ClaudeCodeAgent
 from saasbench.agents.codex import CodexAgent
 from saasbench.agents.openhands import OpenHandsAgent
-from saasbench.environment import LocalEnvironment
+from saasbench.environments.local import LocalEnvironment
+from saasbench.runs import gateway as G
 
 MIN_S, MAX_S = 0.05, 0.2
 IN_COST, OUT_COST = 0.000002, 0.000010  # USD per token, configured for every model
@@ -136,7 +136,7 @@ def test_virtual_keys_name_the_trial_and_cannot_be_forged() -> None:
 
 def test_sweep_spec_takes_a_gateway_and_keeps_key_names_only() -> None:
     from saasbench.lake.records import sweep_row
-    from saasbench.sweep import SweepSpec
+    from saasbench.runs.sweep import SweepSpec
 
     spec = SweepSpec.load({"sweep_id": "gw1", "tasks": ["timetrack"], "agents": ["codex"], "models": ["gpt-5"],
                            "gateway": {"models": {"gpt-5": {"litellm_model": "openai/gpt-5",
@@ -474,10 +474,10 @@ def test_a_failed_start_is_reported_and_leaves_no_process(tmp_path, monkeypatch)
 
 
 def test_a_sweep_trial_through_the_gateway_commits_its_model_calls(gw, upstream, tmp_path) -> None:
-    """saasbench.sweep.run_trial with the gateway: the built-in agent (model fake-chat) writes the timetrack
+    """saasbench.runs.sweep.run_trial with the gateway: the built-in agent (model fake-chat) writes the timetrack
     reference through scripted turns; the trial and one model_calls row per turn land in the lake."""
     from saasbench import lake as lakelib
-    from saasbench import sweep as sw
+    from saasbench.runs import sweep as sw
 
     ref = Path(__file__).resolve().parents[1] / "tasks" / "timetrack" / "reference"
     files = sorted(p for p in ref.rglob("*") if p.is_file() and "__pycache__" not in p.parts and "data" not in p.parts)

@@ -45,7 +45,7 @@ def test_prefect_yaml_deployments():
         assert re.search(rf"^def {func}\(", (REPO / path).read_text(), re.MULTILINE), d["entrypoint"]
     nightly = deps["sweep"]["schedules"][0]
     assert nightly["cron"] and nightly["active"] is False and nightly["parameters"] == {"dispatch": "deployment"}
-    from saasbench.sweep import SweepSpec
+    from saasbench.runs.sweep import SweepSpec
 
     SweepSpec.model_validate(deps["sweep"]["parameters"]["spec"])  # the default spec is a valid SweepSpec
     assert data["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $SAASBENCH_REPO }}"}}]

@@ -1,4 +1,4 @@
-"""Evaluator integrity in trials (saasbench/trial.py): what the agent's workspace contains, hashes of the
+"""Evaluator integrity in trials (saasbench/runs/trial.py): what the agent's workspace contains, hashes of the
 integrity paths before and after the rollout, and access to the task folder on the local backend."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import yaml
 from test_environment_local import make_task
 
 from saasbench.agents.base import Agent, Trajectory
+from saasbench.catalog.tasks import load_task, load_task_dir
 from saasbench.failures import TaskDefect
-from saasbench.tasks import load_task, load_task_dir
-from saasbench.trial import integrity_targets, run_local_trial, run_rollout
+from saasbench.runs.trial import integrity_targets, run_local_trial, run_rollout
 
 TIMETRACK = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"
 

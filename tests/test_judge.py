@@ -1,4 +1,4 @@
-"""Tests of the LLM judge (saasbench.judge) and P17 against a local OpenAI-compatible server."""
+"""Tests of the LLM judge (saasbench.services.judge) and P17 against a local OpenAI-compatible server."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def key_env(monkeypatch):
 
 
 def make_judge(llm: FakeLLM, **kw: Any):
-    from saasbench.judge import Judge, JudgeConfig
+    from saasbench.services.judge import Judge, JudgeConfig
 
     sleeps: list[float] = []
     cfg = dict(model="openai/fake", api_base=llm.base_url, retries=3, backoff_base_s=0.001, backoff_cap_s=0.01, timeout_s=5)
@@ -54,7 +54,7 @@ def ok(score: Any, reasoning: str = "fine") -> Reply:
 
 # --- template ------------------------------------------------------------------------------------------
 def test_template_is_the_papers(llm):
-    from saasbench.judge import build_messages
+    from saasbench.services.judge import build_messages
 
     msgs = build_messages("Check (1) X.", "EVIDENCE TEXT", (0, 5))
     assert msgs == [
@@ -73,7 +73,7 @@ def test_template_is_the_papers(llm):
 
 
 def test_template_writes_integer_top_and_nonzero_bottom():
-    from saasbench.judge import system_message
+    from saasbench.services.judge import system_message
 
     assert system_message((0, 6.0)).endswith('{"score": <0-6>, "reasoning": "<brief explanation>"}')
     assert '<1-2.5>' in system_message((1, 2.5))
@@ -93,7 +93,7 @@ def test_template_writes_integer_top_and_nonzero_bottom():
     ("4", 4, "number"),
 ])
 def test_parse_forms(reply, score, form):
-    from saasbench.judge import parse_reply
+    from saasbench.services.judge import parse_reply
 
     parsed = parse_reply(reply)
     assert parsed is not None
@@ -104,13 +104,13 @@ def test_parse_forms(reply, score, form):
 @pytest.mark.parametrize("reply", ["", "   ", "I cannot evaluate this.", '{"score": true}', '{"score": null}',
                                    '{"reasoning": "no score"}', "NaN", '{"score": "high"}'])
 def test_parse_rejects(reply):
-    from saasbench.judge import parse_reply
+    from saasbench.services.judge import parse_reply
 
     assert parse_reply(reply) is None
 
 
 def test_clip_and_rescale():
-    from saasbench.judge import normalise, parse_reply
+    from saasbench.services.judge import normalise, parse_reply
 
     assert normalise(parse_reply('{"score": 7}'), (0, 5)) == 5
     assert normalise(parse_reply('{"score": -2}'), (0, 5)) == 0
@@ -211,7 +211,7 @@ def test_missing_key_variable_skips_without_calling(llm, monkeypatch):
 def test_config_refuses_a_key_in_place_of_a_variable_name():
     from pydantic import ValidationError
 
-    from saasbench.judge import JudgeConfig
+    from saasbench.services.judge import JudgeConfig
 
     with pytest.raises(ValidationError) as err:
         JudgeConfig(model="openai/fake", api_key_env=SECRET)
@@ -275,7 +275,7 @@ PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4
 
 
 def test_screenshot_evidence_is_sent_as_image_urls(llm, tmp_path):
-    from saasbench.judge import screenshot_evidence
+    from saasbench.services.judge import screenshot_evidence
 
     shot = tmp_path / "home.png"
     shot.write_bytes(PNG)
@@ -316,13 +316,13 @@ def workspace(tmp_path):
 
 
 def _ws(root: Path):
-    from saasbench.primitives.files import Workspace
+    from saasbench.services.workspace import Workspace
 
     return Workspace(root)
 
 
 def test_code_evidence_is_deterministic_and_fair(workspace, tmp_path):
-    from saasbench.judge import code_evidence
+    from saasbench.services.judge import code_evidence
 
     entries = ["src", "keyword:billing", "config/*.yaml", "README.md"]
     rubric = "Evaluate the billing invoice logic and permission checks."
@@ -352,7 +352,7 @@ def test_code_evidence_is_deterministic_and_fair(workspace, tmp_path):
 
 
 def test_early_broad_entry_cannot_starve_later_ones(workspace):
-    from saasbench.judge import code_evidence
+    from saasbench.services.judge import code_evidence
 
     ev = code_evidence(_ws(workspace), ["keyword:model", "config/db.yaml"], "models", total_chars=12_000)
     assert "config/db.yaml" in ev.summary["files"]
@@ -360,7 +360,7 @@ def test_early_broad_entry_cannot_starve_later_ones(workspace):
 
 
 def test_code_evidence_entries_and_fallback(workspace):
-    from saasbench.judge import code_evidence
+    from saasbench.services.judge import code_evidence
 
     ev = code_evidence(_ws(workspace), ["tests"], "billing")  # naming a skipped folder enters it
     assert ev.summary["files"] == ["tests/test_billing.py"]
@@ -376,7 +376,7 @@ def test_code_evidence_entries_and_fallback(workspace):
 
 
 def test_code_evidence_empty_workspace(tmp_path):
-    from saasbench.judge import NoEvidence, code_evidence
+    from saasbench.services.judge import NoEvidence, code_evidence
 
     (tmp_path / "empty").mkdir()
     got = code_evidence(_ws(tmp_path / "empty"), ["src"], "anything")
@@ -409,8 +409,8 @@ def _judge_dag(p17_inputs: dict[str, Any], *, max_score: float = 10, before: lis
 
 
 def _run(load, workspace: Path, judge: Any, *, enabled: bool = True, base_url: str | None = None):
-    from saasbench.context import RunContext, RunOptions, Target
-    from saasbench.engine import Engine
+    from saasbench.evaluation.context import RunContext, RunOptions, Target
+    from saasbench.evaluation.engine import Engine
 
     ctx = RunContext(Target(workspace=workspace, base_url=base_url), options=RunOptions(judge_enabled=enabled))
     ctx.judge = judge
@@ -484,9 +484,9 @@ def test_missing_response_is_failed_not_skipped(llm, workspace):
 
 
 def test_response_evidence_and_aliases(llm, workspace):
-    from saasbench.context import RunContext, RunOptions, Target
-    from saasbench.http import HttpResponse
+    from saasbench.evaluation.context import RunContext, RunOptions, Target
     from saasbench.primitives.registry import REGISTRY
+    from saasbench.services.http import HttpResponse
 
     _ensure_p17()
     ctx = RunContext(Target(workspace=workspace), options=RunOptions(judge_enabled=True))
@@ -550,7 +550,7 @@ def test_cached_judge_through_engine(llm, workspace, tmp_path):
 def test_fake_llm_models_and_streaming(llm):
     import urllib.request
 
-    from saasbench.judge import _litellm
+    from saasbench.services.judge import _litellm
 
     with urllib.request.urlopen(llm.base_url + "/models") as resp:
         assert json.load(resp)["data"][0]["id"] == "fake"

@@ -45,12 +45,12 @@ def _fake_completion(**kwargs: Any) -> Any:
 
 def run_real_report(workspace: Path) -> tuple[Any, list[Any]]:
     """A RunReport from the engine: PASSED, FAILED, SKIPPED_DEPENDENCY and an llm-judge node."""
-    from saasbench.context import RunContext, RunOptions, Target
     from saasbench.dag import load_dag_data
-    from saasbench.engine import Engine
-    from saasbench.judge import Judge, JudgeConfig
+    from saasbench.evaluation.context import RunContext, RunOptions, Target
+    from saasbench.evaluation.engine import Engine
     from saasbench.primitives import judge as p17
     from saasbench.primitives.registry import REGISTRY
+    from saasbench.services.judge import Judge, JudgeConfig
 
     if REGISTRY.spec("P17").fn is not p17.llm_judge:
         REGISTRY.register("P17", p17.llm_judge, p17.P17Inputs, raw_fields=p17.RAW_FIELDS)
@@ -240,7 +240,7 @@ def test_ids_that_look_like_numbers_stay_strings(tmp_path, real):
 
 
 def test_validation_rows(lake):
-    from saasbench.validate import NodeValidation, ValidationReport
+    from saasbench.runs.validate import NodeValidation, ValidationReport
 
     rep = ValidationReport(task_id="lake-test", dag="dag.json", repeats=3, started_at="2026-12-02T09:00:00+00:00",
                            elapsed_s=1.0, repeat_records=[], flaky=["B"], quarantine=["B"], always_failing=[],
@@ -435,8 +435,8 @@ def test_rows_are_checked(tmp_path, real):
 
 
 def test_from_trial_result(tmp_path, real):
-    from saasbench.tasks import TaskSpec
-    from saasbench.trial import TrialResult
+    from saasbench.catalog.tasks import TaskSpec
+    from saasbench.runs.trial import TrialResult
 
     tr = TrialResult(agent="oracle", report=real["report"], trajectory=real["trajectory"], app_ok=False,
                      app_error="port busy", app_log_tail="", workspace=str(tmp_path))

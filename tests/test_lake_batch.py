@@ -20,10 +20,10 @@ import pytest
 from test_lake import lake, real, rows_for  # noqa: F401 - fixtures
 
 from saasbench import lake as L
-from saasbench.aggregate import sweep_report
 from saasbench.lake import schema as S
 from saasbench.lake.batch import compact, merge_batches, write_batch
 from saasbench.lake.store import LocalStore
+from saasbench.reports.aggregate import sweep_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -324,7 +324,7 @@ def test_files_of_an_older_schema_version_read_with_nulls(lake, real):
 def test_cli_lake_compact_and_report(tmp_path, real):
     from typer.testing import CliRunner
 
-    from saasbench.cli import app
+    from saasbench.cli.main import app
 
     store = L.lake_from_uri(str(tmp_path / "lake"))
     seed(store, real)
@@ -344,7 +344,7 @@ def test_cli_lake_compact_and_report(tmp_path, real):
 def test_cli_lake_merge(tmp_path, real):
     from typer.testing import CliRunner
 
-    from saasbench.cli import app
+    from saasbench.cli.main import app
 
     uri = str(tmp_path / "lake")
     store = L.lake_from_uri(uri)

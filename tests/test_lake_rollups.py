@@ -16,13 +16,13 @@ import pytest
 from test_aggregate import _assert_same, _random_rows
 from test_lake import lake  # noqa: F401 - fixture: a folder and moto S3
 
-from saasbench import aggregate
+from saasbench.evaluation.scoring import EXCLUDED
 from saasbench.lake import TrialRows, connect, write_trial
 from saasbench.lake import writer as lake_writer
 from saasbench.lake.batch import compact, write_batch
 from saasbench.lake.rollups import EXCLUDED_STATUSES, node_rollups
 from saasbench.lake.snapshot import snapshot
-from saasbench.scoring import EXCLUDED
+from saasbench.reports import aggregate
 
 
 def _node(i: int, **kw):

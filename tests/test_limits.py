@@ -1,4 +1,4 @@
-"""Concurrency limits (saasbench.limits): environments per host and LLM calls per provider.
+"""Concurrency limits (saasbench.services.limits): environments per host and LLM calls per provider.
 
 Without Prefect the limits are process-local semaphores; inside Prefect flow/task runs they are
 Prefect global concurrency limits created from the sweep's config. Overlap is measured with an
@@ -22,9 +22,9 @@ os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="saasbench-prefect
 import pytest
 
 from saasbench import lake as lakelib
-from saasbench import limits
-from saasbench import sweep as sw
 from saasbench.failures import AgentError
+from saasbench.runs import sweep as sw
+from saasbench.services import limits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,7 +175,7 @@ def test_local_semaphore_limits_environments():
 
 
 def test_judge_calls_are_limited_per_provider():
-    from saasbench.judge import Judge, JudgeConfig
+    from saasbench.services.judge import Judge, JudgeConfig
 
     limits.configure(llm_calls_per_provider={"openai": 1, "*": 3})
     ov = Overlap(wait_for_other(0.3))
@@ -216,7 +216,7 @@ def test_sweep_cmd_limit_options(tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
 
-    from saasbench.cli_flows import sweep_cmd
+    from saasbench.cli.flows import sweep_cmd
 
     app = typer.Typer()
     app.command("sweep")(sweep_cmd)
@@ -245,7 +245,9 @@ class Block:
         if name == "prefect" or name.startswith("prefect."):
             raise ImportError("prefect is blocked in this test")
 sys.meta_path.insert(0, Block())
-from saasbench import judge, limits, sweep
+from saasbench.services import judge
+from saasbench.services import limits
+from saasbench.runs import sweep
 limits.configure(envs_per_host=1, llm_calls_per_provider=2)
 with limits.environment_slot() as a, limits.llm_slot("openai") as b:
     print(a, b, "prefect" in sys.modules)
@@ -304,7 +306,7 @@ def test_prefect_env_limit_two_overlaps(harness, tmp_path, monkeypatch):
 def test_prefect_llm_limit_from_default(harness):
     from prefect import flow, task
 
-    from saasbench.judge import Judge, JudgeConfig
+    from saasbench.services.judge import Judge, JudgeConfig
 
     ov = Overlap(wait_for_other(0.5))
     modes: list[str] = []

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from saasbench.context import RunContext, Target
 from saasbench.dag import DagLoadError, execution_order, load_dag, load_dag_data
-from saasbench.placeholders import UnresolvedPlaceholder, placeholders_in
+from saasbench.dag.placeholders import UnresolvedPlaceholder, placeholders_in
+from saasbench.evaluation.context import RunContext, Target
 
 
 def make_node(node_id: str, prereqs: list[str] | None = None, **overrides: Any) -> dict[str, Any]:
@@ -221,7 +221,7 @@ def test_nodes_keyed_by_id_and_string_prereqs(tmp_path: Path) -> None:
 
 
 def test_the_demo_dag_loads_cleanly() -> None:
-    path = Path(__file__).resolve().parents[1] / "saasbench" / "examples" / "teamnotes_dag.json"
+    path = Path(__file__).resolve().parent / "apps" / "teamnotes_dag.json"
     result = load_dag(path)
     assert [str(i) for i in result.issues] == []
     assert len(result.dag.nodes) == result.dag.meta["total_nodes"]

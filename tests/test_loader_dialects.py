@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from saasbench.context import RunContext, Target
 from saasbench.dag import DagLoadError, LoadResult, load_dag_data
+from saasbench.evaluation.context import RunContext, Target
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import REGISTRY
-from saasbench.results import StepResult
 
 
 def load(*steps: dict[str, Any]) -> LoadResult:
@@ -384,8 +384,8 @@ def test_p06_that_checks_nothing_loads_with_a_warning_and_passes() -> None:
 
 
 def test_p08_path_assertions_are_p07_assertions_on_the_result() -> None:
-    from saasbench.db import QueryResult
     from saasbench.primitives.db import Evaluator, PathAssertion
+    from saasbench.services.db import QueryResult
 
     spec = REGISTRY.spec("P08").inputs
     forms = {  # yobgvieg, orghjavi, ygamciur
@@ -482,7 +482,7 @@ def test_mongodb_schema_dialects_of_p09_to_p11() -> None:
 
 
 def test_p17_logs_evidence_and_p_ingest_proposal_load_with_warnings() -> None:
-    from saasbench.context import RunOptions
+    from saasbench.evaluation.context import RunOptions
 
     p17 = {"evidence_type": "logs", "rubric_prompt": "Judge the logs.", "score_range": [0, 6]}  # ychlukjm
     assert not kinds("P17", p17, "error")
@@ -538,9 +538,9 @@ def test_egsszeqg_dialects_websocket_path_combined_evidence_query_and_metadata()
 
 
 def test_hhrdixum_dialects_path_any_of_captures_and_row_expectations() -> None:
-    from saasbench.db import QueryResult
     from saasbench.primitives.db import Evaluator
     from saasbench.primitives.http import _capture_fields
+    from saasbench.services.db import QueryResult
 
     # P07 {"path_any_of": [...], "exists": true}: the assertion holds at any of the paths
     p07 = {"assertions": [{"path_any_of": ["$.detail", "$.non_field_errors"], "exists": True}]}

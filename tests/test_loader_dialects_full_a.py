@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import DagLoadError, LoadResult, load_dag_data
-from saasbench.http import HttpResponse
-from saasbench.judge import JudgeVerdict
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import REGISTRY
-from saasbench.results import StepResult
+from saasbench.services.http import HttpResponse
+from saasbench.services.judge import JudgeVerdict
 
 
 # --- helpers -----------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_defects_load_with_a_warning_and_make_the_node_error() -> None:
         assert len(warnings) == 1 and fragment in warnings[0] and "ERROR at run time" in warnings[0], warnings
         node = load({"type": "P15", "inputs": {}}, {"type": code, "inputs": inputs}).dag.nodes[0]
         assert node.defects and fragment in node.defects[0]
-    from saasbench.engine import Engine
+    from saasbench.evaluation.engine import Engine
 
     report = Engine(load({"type": "P07", "inputs": {"assertions": [{"path": "$.id", "operator": "store_as"}]}}).dag,
                     RunContext(Target())).run()

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from pydantic import model_validator
 
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import DagLoadError, LoadResult, StepDefect, load_dag_data
-from saasbench.engine import Engine
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status, StepResult
 from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
-from saasbench.results import Status, StepResult
 
 
 def load(*steps: dict[str, Any], **node: Any) -> LoadResult:
@@ -106,7 +106,7 @@ def test_step_defect_loads_with_a_warning_and_the_node_is_error_without_running(
     (warning,) = [i for i in result.warnings if i.field == "steps[1].inputs"]
     assert warning.node == "N" and "X_DEFECT needs at least one thing" in warning.message and "DAG defect" in warning.message
     assert result.dag.nodes[0].defects == ["steps[1] (X_DEFECT): X_DEFECT needs at least one thing: it checks nothing"]
-    from saasbench.exec_target import LocalExecTarget
+    from saasbench.environments.exec_target import LocalExecTarget
 
     node = _engine_run(result, RunContext(Target(exec_target=LocalExecTarget(tmp_path))))
     assert node.status == Status.ERROR and node.score == 0 and not node.steps
@@ -286,7 +286,7 @@ def test_p30_loads_and_captures_a_code(db: RunContext) -> None:
 
 # --- P21 log read without a pattern ----------------------------------------------------------------
 def test_p21_empty_pattern_reads_the_log_for_a_judge(tmp_path: Path) -> None:
-    from saasbench.exec_target import LocalExecTarget
+    from saasbench.environments.exec_target import LocalExecTarget
 
     inputs = {"pattern": "", "tail_lines": 200}  # xayqujrv ARCH_LOG_STRUCTURE_QUALITY
     assert "empty 'pattern': the step only reads the log" in clean("P21", inputs)
@@ -511,7 +511,7 @@ def test_p19_source_text_on_the_last_response_needs_no_browser(site: str, tmp_pa
 
 @pytest.mark.browser
 def test_p19_selectors_on_the_last_response(site: str, tmp_path: Path) -> None:
-    from saasbench.browser import find_chromium
+    from saasbench.services.browser import find_chromium
 
     if not find_chromium():  # pragma: no cover - CI installs chromium (scripts/test.sh)
         pytest.fail("needs chromium (apt-get install chromium)")
@@ -528,8 +528,8 @@ def test_p19_selectors_on_the_last_response(site: str, tmp_path: Path) -> None:
 
 # --- browser login with explicit credentials (aoiwqoiq SCREENSHOT login_as) -------------------------
 def test_login_as_credentials_load_and_log_in_through_the_profile() -> None:
-    from saasbench.auth import AuthProfile
     from saasbench.primitives.browser import _identity
+    from saasbench.services.auth import AuthProfile
 
     inputs = {"url": "http://localhost:8020/t/1", "name": "FE_TOPIC_VIEW",
               "login_as": {"username": "eval_admin", "password": "EvalPass12345!", "base_url": "http://localhost:8020"}}

@@ -32,8 +32,8 @@ from types import SimpleNamespace
 import pytest
 
 from saasbench import lake as lakelib
-from saasbench import limits
-from saasbench import sweep as sw
+from saasbench.runs import sweep as sw
+from saasbench.services import limits
 
 REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -216,9 +216,9 @@ def test_sweep_split_across_two_workers(stack):
     )
     from prefect.deployments import run_deployment
 
+    from saasbench.catalog.tasks import load_task
     from saasbench.dag import load_dag
     from saasbench.flows.aggregate import artifact_key
-    from saasbench.tasks import load_task
 
     spec = {"sweep_id": "dist-e2e", "tasks": ["timetrack"], "agents": ["oracle", "nop"], "attempts": 2,
             "lake": stack.lake, "report_dir": stack.reports, "concurrency": 4, "envs_per_host": 2,

@@ -1,4 +1,4 @@
-"""Tests of the browser primitives RENDER_DOM, SCREENSHOT, P18 and P19 (saasbench.browser).
+"""Tests of the browser primitives RENDER_DOM, SCREENSHOT, P18 and P19 (saasbench.services.browser).
 
 Pure tests (sanitiser, URL guard, legacy normalisation) need no browser. The others drive a
 real headless Chromium (Debian ``chromium`` + ``playwright``) against pages served on
@@ -22,9 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps.teamnotes import serve_in_thread
 
-from saasbench.auth import load_auth_profile
-from saasbench.browser import (
+from saasbench.dag import DagLoadError, load_dag_data
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status, StepResult
+from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
+from saasbench.services.auth import load_auth_profile
+from saasbench.services.browser import (
     BrowserUnavailable,
     allowed_hosts_for,
     check_url,
@@ -32,15 +38,9 @@ from saasbench.browser import (
     identity_cookies,
     sanitize_html,
 )
-from saasbench.context import RunContext, RunOptions, Target
-from saasbench.dag import DagLoadError, load_dag_data
-from saasbench.engine import Engine
-from saasbench.examples.teamnotes import serve_in_thread
-from saasbench.http import Identity
-from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
-from saasbench.results import Status, StepResult
+from saasbench.services.http import Identity
 
-AUTH_YAML = Path(__file__).resolve().parents[1] / "saasbench" / "examples" / "teamnotes_auth.yaml"
+AUTH_YAML = Path(__file__).resolve().parent / "apps" / "teamnotes_auth.yaml"
 
 try:
     import playwright  # noqa: F401

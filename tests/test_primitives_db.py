@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 
 import saasbench.primitives.db  # noqa: F401  (registers P08-P11)
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import Dag, DagLoadError, load_dag_data
-from saasbench.db import (
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status, StepResult
+from saasbench.primitives.registry import REGISTRY
+from saasbench.services.db import (
     NO_DSN_MESSAGE,
     DatabaseError,
     PostgresDatabase,
@@ -27,9 +30,6 @@ from saasbench.db import (
     open_database,
     split_name,
 )
-from saasbench.engine import Engine
-from saasbench.primitives.registry import REGISTRY
-from saasbench.results import Status, StepResult
 
 EVIL = "x'); DROP TABLE users; --"
 VARS = {

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from saasbench.context import RunContext, Target
 from saasbench.dag import load_dag_data
+from saasbench.evaluation.context import RunContext, Target
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives import files
 from saasbench.primitives.registry import REGISTRY
-from saasbench.results import StepResult
 
 
 def run(code: str, inputs: dict[str, Any], workspace: Path | None) -> StepResult:
@@ -323,7 +323,7 @@ def test_unknown_input_keys_are_warnings() -> None:
 
 
 def test_placeholders_in_paths_resolve_through_the_engine(ws: Path) -> None:
-    from saasbench.engine import Engine
+    from saasbench.evaluation.engine import Engine
 
     dag = load_dag_data({"nodes": [_node([{"type": "P01", "inputs": {"path": "{{readme}}"}},
                                           {"type": "P03", "inputs": {"glob": "${SRC_DIR:-src}/**/*.py", "min_expected": 2}}])]}).dag

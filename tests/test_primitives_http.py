@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps.teamnotes import serve_in_thread
 
-from saasbench.auth import AuthProfile, load_auth_profile
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import DagLoadError, load_dag_data
-from saasbench.examples.teamnotes import serve_in_thread
-from saasbench.jsonpath import ABSENT, PathError, evaluate, parse
-from saasbench.placeholders import MISSING
+from saasbench.dag.jsonpath import ABSENT, PathError, evaluate, parse
+from saasbench.dag.placeholders import MISSING
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import REGISTRY
-from saasbench.results import StepResult
+from saasbench.services.auth import AuthProfile, load_auth_profile
 
-AUTH_YAML = Path(__file__).resolve().parents[1] / "saasbench" / "examples" / "teamnotes_auth.yaml"
+AUTH_YAML = Path(__file__).resolve().parent / "apps" / "teamnotes_auth.yaml"
 
 
 # --- helpers ---------------------------------------------------------------------------------------

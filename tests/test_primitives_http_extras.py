@@ -26,14 +26,14 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from shared_data import CONFORMANCE_DIR
 
-from saasbench.auth import AuthProfile
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import DagLoadError, _notes, load_dag_data
-from saasbench.engine import Engine
-from saasbench.placeholders import UnresolvedPlaceholder
+from saasbench.dag.placeholders import UnresolvedPlaceholder
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status, StepResult
 from saasbench.primitives.http import render_graphql
 from saasbench.primitives.registry import REGISTRY
-from saasbench.results import Status, StepResult
+from saasbench.services.auth import AuthProfile
 
 ADMIN_TOKEN = "T-admin"
 HOSTILE_ID = "x'); DROP TABLE sends; --"

@@ -1,4 +1,4 @@
-"""Tests of the integration primitives (P24, P27, P28, P_INGEST) and saasbench.receivers.
+"""Tests of the integration primitives (P24, P27, P28, P_INGEST) and saasbench.services.receivers.
 
 Everything runs on real sockets on 127.0.0.1 against a small app defined here that, when asked,
 delivers a webhook to the URL it is given, sends mail with smtplib, finishes a background job in a
@@ -26,14 +26,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from saasbench.context import RunContext, Target
 from saasbench.dag import load_dag_data
-from saasbench.engine import Engine
-from saasbench.environment import ExecResult
+from saasbench.environments.local import ExecResult
+from saasbench.evaluation.context import RunContext, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import Status, StepResult
 from saasbench.primitives.integrations import body_mismatch, headers_mismatch
 from saasbench.primitives.registry import REGISTRY
-from saasbench.receivers import MockReceiver, SmtpSink, WebhookReceiver, parse_message
-from saasbench.results import Status, StepResult
+from saasbench.services.receivers import MockReceiver, SmtpSink, WebhookReceiver, parse_message
 
 
 # --- the app under test ---------------------------------------------------------------------------
@@ -263,7 +263,7 @@ def test_parse_message_without_headers_never_raises() -> None:
 
 
 def test_cli_mock_receiver_service(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "saasbench.receivers", "mock", "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "saasbench.services.receivers", "mock", "--port", "0"],
                             stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
     try:
         assert proc.stdout is not None
@@ -576,7 +576,7 @@ def test_engine_runs_integration_nodes(app: App) -> None:
 
 
 def test_prestart_receivers_for_earlier_steps(app: App) -> None:
-    from saasbench.receivers import prestart_receivers
+    from saasbench.services.receivers import prestart_receivers
 
     c = RunContext(Target(base_url=app.url))
     try:

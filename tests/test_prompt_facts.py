@@ -1,4 +1,4 @@
-"""saasbench.prompt_facts on the 15 real public prompt_for_model.md files and on odd inputs.
+"""saasbench.catalog.prompt_facts on the 15 real public prompt_for_model.md files and on odd inputs.
 
 The expected values below were read off each prompt by hand (ports that the prompt states in two
 conflicting ways were settled against the task's docker-compose.yml: gavmyneb maps 8017:80 and
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from shared_data import PUBLIC_TASKS_DIR
 
-from saasbench.prompt_facts import DatabaseFacts, EvalUser, PromptFacts, parse_prompt_for_model
+from saasbench.catalog.prompt_facts import DatabaseFacts, EvalUser, PromptFacts, parse_prompt_for_model
 
 NO_ENV = "no environment variables documented"
 

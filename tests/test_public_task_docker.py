@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from saasbench.docker_env import L_TRIAL, DockerEnvironment
-from saasbench.envspec import import_compose
-from saasbench.imagemap import apply_image_map, image_needs, read_image_map
+from saasbench.catalog.envspec import import_compose
+from saasbench.catalog.imagemap import apply_image_map, image_needs, read_image_map
+from saasbench.environments.docker import L_TRIAL, DockerEnvironment
 
 REPO = Path(__file__).resolve().parents[1]
 PUBLIC = REPO / "tests" / "data" / "public-tasks"
@@ -261,8 +261,8 @@ def test_imported_task_images_readiness_and_cli(docker_client, python_image, pos
     from typer import Typer
     from typer.testing import CliRunner
 
-    from saasbench.cli_tasks import tasks_app
-    from saasbench.tasks import import_public_task, readiness
+    from saasbench.catalog.tasks import import_public_task, readiness
+    from saasbench.cli.tasks import tasks_app
 
     task = import_public_task(PUBLIC / "task_cvyocaao", tmp_path / "cat").task
     (task.root / "environment" / "init-db.sql").write_text("SELECT 1;\n")  # stand-in: not in the public repository

@@ -12,9 +12,9 @@ from typer import Typer
 from typer.testing import CliRunner
 
 from agents.base import build_prompt
-from saasbench.cli_tasks import tasks_app
-from saasbench.http import HttpClient
-from saasbench.tasks import import_public_task, load_task, readiness
+from saasbench.catalog.tasks import import_public_task, load_task, readiness
+from saasbench.cli.tasks import tasks_app
+from saasbench.services.http import HttpClient
 
 # task -> (title, app port, database engine, number of evaluation users, what it needs)
 EXPECTED = {

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from saasbench.context import RunContext, Target
+from saasbench.catalog.envspec import EnvSpec, ServiceSpec
 from saasbench.dag import load_dag_data
-from saasbench.docker_env import DockerEnvironment
-from saasbench.engine import Engine
-from saasbench.envspec import EnvSpec, ServiceSpec
+from saasbench.environments.docker import DockerEnvironment
+from saasbench.evaluation.context import RunContext, Target
+from saasbench.evaluation.engine import Engine
 
 
 def _dag(body: str) -> object:

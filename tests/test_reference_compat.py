@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apps import teamnotes
 from typer.testing import CliRunner
 
-from saasbench.auth import load_auth_profile
-from saasbench.cli import app
-from saasbench.context import RunContext, RunOptions, Target
+from saasbench.cli.main import app
 from saasbench.dag import execution_order, load_dag_data
-from saasbench.engine import Engine
-from saasbench.examples import teamnotes
-from saasbench.results import RunReport, Status
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
+from saasbench.evaluation.results import RunReport, Status
+from saasbench.services.auth import load_auth_profile
 
 AUTH = Path(teamnotes.__file__).with_name("teamnotes_auth.yaml")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_aggregate import HOSTILE, build_lake
 
-from saasbench import aggregate
-from saasbench.report_html import (
+from saasbench.reports import aggregate
+from saasbench.reports.report_html import (
     grouped_bar_chart,
     render,
     stacked_bar_chart,

@@ -1,4 +1,4 @@
-"""``saasbench rollout`` (saasbench/cli_rollout.py) and its core ``saasbench.trial.run_rollout``.
+"""``saasbench rollout`` (saasbench/cli/rollout.py) and its core ``saasbench.runs.trial.run_rollout``.
 
 The command is registered on a private Typer app here (cli.py registers it with
 ``app.command("rollout")(rollout_cmd)``). Agents: oracle and nop on the demo task, the builtin
@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 from saasbench import lake as lakelib
 from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
 from saasbench.agents.claude_code import ClaudeCodeAgent
-from saasbench.cli_rollout import rollout_cmd
-from saasbench.environment import _kill_group, free_port
-from saasbench.tasks import load_task
+from saasbench.catalog.tasks import load_task
+from saasbench.cli.rollout import rollout_cmd
+from saasbench.environments.local import _kill_group, free_port
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"
 REFERENCE = sorted(p.relative_to(TASK_DIR / "reference").as_posix() for p in (TASK_DIR / "reference").rglob("*")
@@ -55,14 +55,14 @@ def files_under(folder: Path) -> list[str]:
 @pytest.fixture
 def no_evaluation(monkeypatch):
     """Fail the test if anything starts the app or runs the engine."""
-    import saasbench.engine
-    import saasbench.environment
+    import saasbench.environments.local
+    import saasbench.evaluation.engine
 
     def boom(*a, **k):
         raise AssertionError("a rollout must not start the app or evaluate")
 
-    monkeypatch.setattr(saasbench.environment, "start_app", boom)
-    monkeypatch.setattr(saasbench.engine.Engine, "run", boom)
+    monkeypatch.setattr(saasbench.environments.local, "start_app", boom)
+    monkeypatch.setattr(saasbench.evaluation.engine.Engine, "run", boom)
 
 
 def call(name: str, args: dict, call_id: str = "c1") -> Reply:
@@ -92,7 +92,7 @@ def test_oracle_rollout_keeps_reference_workspace_and_trajectory_without_evaluat
 
 def test_rolled_out_workspace_scores_with_the_printed_follow_up(tmp_path) -> None:
     """The commands printed after a rollout start the app from the kept workspace and score it."""
-    from saasbench.cli import app as saasbench_app
+    from saasbench.cli.main import app as saasbench_app
 
     out = tmp_path / "ro"
     assert invoke("timetrack", "--agent", "oracle", "--out", str(out)).exit_code == 0
@@ -277,7 +277,7 @@ def test_cli_agent_rollout_keeps_raw_stream_and_voids_a_cloning_script(tmp_path,
 
 def test_run_rollout_core_writes_and_reuses_the_trial_path(tmp_path) -> None:
     """run_rollout is the first half of run_local_trial: same prompt staging, same budget, same scan."""
-    from saasbench.trial import run_rollout, task_budget
+    from saasbench.runs.trial import run_rollout, task_budget
 
     task = load_task("timetrack")
     seen = []
@@ -290,7 +290,7 @@ def test_run_rollout_core_writes_and_reuses_the_trial_path(tmp_path) -> None:
 
 def test_model_reaches_every_agent_that_takes_one() -> None:
     """``--model`` of rollout/run/sweep: given to the builtin and CLI agents, ignored by oracle/nop."""
-    from saasbench.trial import resolve_agent
+    from saasbench.runs.trial import resolve_agent
 
     for name in ("builtin", "claude-code", "codex", "openhands"):
         assert resolve_agent(name, "provider/m-1").model == "provider/m-1", name

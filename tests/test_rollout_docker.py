@@ -7,8 +7,8 @@ from pathlib import Path
 
 from test_integrity import ScriptedAgent
 
-from saasbench.tasks import load_task
-from saasbench.trial import run_rollout
+from saasbench.catalog.tasks import load_task
+from saasbench.runs.trial import run_rollout
 
 
 def test_docker_rollout_sees_no_evaluator_files(tmp_path: Path, docker_client, python_image) -> None:  # noqa: F811

@@ -16,10 +16,10 @@ from fake_llm import FakeLLM, Reply
 from prefect.testing.utilities import prefect_test_harness
 
 from saasbench import lake as lakelib
-from saasbench import sweep as sw
 from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
 from saasbench.agents.oracle import OracleAgent
-from saasbench.cli_flows import run_cmd
+from saasbench.cli.flows import run_cmd
+from saasbench.runs import sweep as sw
 
 REF = Path(__file__).resolve().parents[1] / "tasks" / "timetrack" / "reference"
 MODEL = "openai/gpt-4o-mini"  # served by the fake server; litellm's offline price list knows it, so cost > 0
@@ -57,8 +57,8 @@ def llm(monkeypatch):
 
 def test_saasbench_run_builtin_records_trajectory_tokens_and_cost(tmp_path, llm, capsys, prefect_server) -> None:
     """``saasbench run --task timetrack --agent builtin --model M`` (the typer function, called directly)."""
+    from saasbench.catalog.tasks import load_task
     from saasbench.dag import load_dag
-    from saasbench.tasks import load_task
 
     turns = reference_turns()
     llm.queue(*turns)
@@ -97,7 +97,7 @@ class CloningOracle(OracleAgent):
 
 
 def test_voided_trial_in_the_lake_has_outcome_evidence_and_scores_zero(tmp_path) -> None:
-    from saasbench.aggregate import sweep_report
+    from saasbench.reports.aggregate import sweep_report
 
     spec = sw.SweepSpec(sweep_id="cheat", tasks=["timetrack"], agents=["test_run_lake:CloningOracle", "oracle"],
                         lake=str(tmp_path / "lake"), retry_delays=[0])
@@ -121,7 +121,7 @@ def test_voided_trial_in_the_lake_has_outcome_evidence_and_scores_zero(tmp_path)
 def test_saasbench_sweep_with_a_judge(tmp_path, capsys, monkeypatch) -> None:
     """``saasbench sweep --judge-model M --judge-api-base URL`` (the typer function, --no-prefect):
     llm-judge nodes are scored by the judge (not SKIPPED_LLM) and every vote is a judge_calls row."""
-    from saasbench.cli_flows import sweep_cmd
+    from saasbench.cli.flows import sweep_cmd
 
     lake = str(tmp_path / "lake")
     monkeypatch.chdir(tmp_path)  # the HTML report goes to runs/reports under the working folder

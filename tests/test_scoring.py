@@ -1,4 +1,4 @@
-"""Unit tests of saasbench.scoring against the paper's formulas (Appendix B.4).
+"""Unit tests of saasbench.evaluation.scoring against the paper's formulas (Appendix B.4).
 
 Every expected number below is worked out by hand in a comment next to the assertion.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from saasbench import scoring
-from saasbench.results import NodeResult, Status
+from saasbench.evaluation import scoring
+from saasbench.evaluation.results import NodeResult, Status
 
 
 def node(status: Status, score: float, max_score: float, *, method: str = "binary", category: str = "C",

@@ -1,4 +1,4 @@
-"""Sweeps without Prefect: plan, resume, retry classification, SIGKILL resume (saasbench.sweep)."""
+"""Sweeps without Prefect: plan, resume, retry classification, SIGKILL resume (saasbench.runs.sweep)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from saasbench import environment
 from saasbench import lake as lakelib
-from saasbench import sweep as sw
+from saasbench.environments import local as environment
 from saasbench.failures import (
     AgentError,
     AgentTimeout,
@@ -24,6 +23,7 @@ from saasbench.failures import (
     TaskDefect,
     is_retryable,
 )
+from saasbench.runs import sweep as sw
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ def test_task_defect_not_retried(tmp_path):
 def test_sigkill_resume(tmp_path):
     spec = spec_for(tmp_path, "s-kill")
     script = textwrap.dedent(f"""
-        from saasbench import sweep
+        from saasbench.runs import sweep
         sweep.run_sweep_plain(sweep.SweepSpec.model_validate({spec.model_dump()!r}), 1)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(REPO), start_new_session=True,
@@ -220,8 +220,8 @@ def test_sigkill_resume(tmp_path):
     assert set(rerun) == {"timetrack.nop.none.0"}
     planned = {t.trial_id for t in sw.plan(spec)}
     assert lakelib.committed_trials(store, spec.sweep_id) == planned
+    from saasbench.catalog.tasks import load_task
     from saasbench.dag import load_dag
-    from saasbench.tasks import load_task
 
     nodes = len(load_dag(load_task("timetrack").dag_path).dag.nodes)
     counts = lakelib.query(store, "SELECT (SELECT count(*) FROM trials WHERE sweep_id = ?) AS trials, "
@@ -235,7 +235,7 @@ def test_sweep_cmd_no_prefect(tmp_path, count_runs):
     import typer
     from typer.testing import CliRunner
 
-    from saasbench.cli_flows import sweep_cmd
+    from saasbench.cli.flows import sweep_cmd
 
     app = typer.Typer()
     app.command("sweep")(sweep_cmd)

@@ -13,8 +13,7 @@ from test_environment_local import make_task
 from typer import Typer
 from typer.testing import CliRunner
 
-from saasbench.cli_tasks import tasks_app, validate_reference_cmd
-from saasbench.tasks import (
+from saasbench.catalog.tasks import (
     KBEntry,
     TaskError,
     find_tasks,
@@ -23,6 +22,7 @@ from saasbench.tasks import (
     parse_kb,
     tasks_root,
 )
+from saasbench.cli.tasks import tasks_app, validate_reference_cmd
 
 CONFORMANCE = CONFORMANCE_DIR / "task_ubsmhopy"
 

@@ -15,9 +15,9 @@ from shared_data import PUBLIC_TASKS_DIR
 from typer import Typer
 from typer.testing import CliRunner
 
-from saasbench.cli_tasks import tasks_app
-from saasbench.fetch import FetchError, checkout, fetch_tasks
-from saasbench.tasks import load_task, readiness
+from saasbench.catalog.fetch import FetchError, checkout, fetch_tasks
+from saasbench.catalog.tasks import load_task, readiness
+from saasbench.cli.tasks import tasks_app
 
 KB = [{"id": "KB-001", "question": "Which port?", "answer": "8021", "source_reference": "task.md#8", "confidence": "high"}]
 

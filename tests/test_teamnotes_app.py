@@ -15,8 +15,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import pytest
-
-from saasbench.examples.teamnotes import USERS, make_server, serve_in_thread
+from apps.teamnotes import USERS, make_server, serve_in_thread
 
 ADMIN, MEMBER, VIEWER = USERS["admin"], USERS["member"], USERS["viewer"]
 

@@ -5,7 +5,7 @@ The reference is copied into a temporary workspace, started with ``bash run.sh``
 with ``DATABASE_PATH`` inside that workspace, and scored with the engine. Nodes whose primitives
 are not implemented yet in this build (``REGISTRY.spec(code).fn is None``) may end in ERROR; the
 set is computed at run time, so the test tightens by itself when they land. P12 (exec) also needs
-an environment backend on the target: the local backend (``saasbench.environment.LocalEnvironment``
+an environment backend on the target: the local backend (``saasbench.environments.local.LocalEnvironment``
 over the same workspace) when this build has it; without one, P12 nodes are exempt too.
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from saasbench.auth import load_auth_profile
-from saasbench.context import RunContext, RunOptions, Target
 from saasbench.dag import load_dag
-from saasbench.engine import Engine
+from saasbench.evaluation.context import RunContext, RunOptions, Target
+from saasbench.evaluation.engine import Engine
 from saasbench.primitives.registry import REGISTRY
+from saasbench.services.auth import load_auth_profile
 
 TASK = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"
 DAG_PATH = TASK / "dag.json"
@@ -72,7 +72,7 @@ def make_workspace(tmp: Path, variant: str | None) -> Path:
 def exec_backend(workspace: Path):
     """A started local environment over ``workspace`` for P12, or None when this build has none."""
     try:
-        from saasbench.environment import LocalEnvironment
+        from saasbench.environments.local import LocalEnvironment
     except ImportError:
         return None
     env = LocalEnvironment(workspace_root=workspace)
@@ -122,7 +122,7 @@ def evaluate(tmp: Path, variant: str | None = None) -> dict[str, str]:
 def unavailable_codes() -> set[str]:
     codes = {s.code for s in REGISTRY.all() if s.fn is None}
     try:
-        import saasbench.environment  # noqa: F401  (the local backend P12 runs on)
+        import saasbench.environments.local  # noqa: F401  (the local backend P12 runs on)
     except ImportError:
         codes.add("P12")
     return codes

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from test_environment_local import make_task
 
-from saasbench.validate import _classify, validate_reference
+from saasbench.runs.validate import _classify, validate_reference
 
 
 def flaky_install(counter: Path) -> str:
@@ -56,7 +56,7 @@ def test_validate_reference_reports_flaky_and_writes_quarantine(tmp_path: Path) 
 
 def test_quarantine_file_is_read_by_evaluate_format(tmp_path: Path) -> None:
     """The quarantine file is the format `saasbench evaluate --quarantine` reads."""
-    from saasbench.cli import _read_quarantine
+    from saasbench.cli.main import _read_quarantine
 
     path = tmp_path / "q.txt"
     path.write_text("# header\n# Flaky only through a flaky prerequisite (not listed): X\nA\nB\n")
@@ -81,8 +81,8 @@ def test_classify() -> None:
 
 def test_timetrack_reference_is_stable_over_three_repeats(tmp_path):
     """The issue's gate: the bundled demo task's reference has no flaky and no failing node."""
-    from saasbench.tasks import load_task
-    from saasbench.validate import validate_reference
+    from saasbench.catalog.tasks import load_task
+    from saasbench.runs.validate import validate_reference
 
     report = validate_reference(load_task("timetrack"), repeats=3, out_dir=tmp_path / "v")
     assert report.flaky == [] and report.always_failing == []

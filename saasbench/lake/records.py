@@ -2,7 +2,7 @@
 
 * :func:`trial_rows` — a RunReport (+ trial metadata, trajectory, judge calls, env builds) into a
   :class:`~saasbench.lake.writer.TrialRows` for every per-trial table;
-* :func:`from_trial_result` — the same from a :class:`saasbench.trial.TrialResult` and a task;
+* :func:`from_trial_result` — the same from a :class:`saasbench.runs.trial.TrialResult` and a task;
 * :func:`model_call_rows` — ``model_calls`` rows from the model gateway's per-request records;
 * :func:`sweep_row` — the ``sweeps`` row (configuration JSON with secrets removed);
 * :func:`validation_rows` — ``reference_validations`` rows from a ValidationReport.
@@ -255,7 +255,7 @@ def env_build_rows(info: TrialInfo, builds: Iterable[Mapping[str, Any]]) -> list
 
 
 def model_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any]]:
-    """``model_calls`` rows from the gateway's :class:`saasbench.gateway.ModelCall` records (or dicts
+    """``model_calls`` rows from the gateway's :class:`saasbench.runs.gateway.ModelCall` records (or dicts
     with the same fields), one per agent request, in order."""
     out = []
     for i, c in enumerate(calls):
@@ -303,7 +303,7 @@ def from_trial_result(result: Any, *, sweep_id: str, trial_id: str, task: Any = 
                       started_at: Any = None, ended_at: Any = None, judge_calls: Sequence[Any] = (),
                       env_builds: Iterable[Mapping[str, Any]] = (), report_uri: str | None = None,
                       model_calls: Iterable[Any] = ()) -> TrialRows:
-    """Rows of a :class:`saasbench.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
+    """Rows of a :class:`saasbench.runs.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
     domain, tier); ``outcome`` defaults to ``voided_cheat`` when the trial voided the rollout, else to
     the trajectory's exit reason (agent outcomes only: infra outcomes are decided by whoever raised
     them and passed in); ``outcome_detail`` to the result's (the evidence of a voided trial)."""
@@ -341,7 +341,7 @@ def sweep_row(sweep_id: str, *, config: Any = None, name: str | None = None, cre
 
 
 def validation_rows(report: Any, run_id: str) -> list[dict[str, Any]]:
-    """``reference_validations`` rows (one per node) of a :class:`saasbench.validate.ValidationReport`."""
+    """``reference_validations`` rows (one per node) of a :class:`saasbench.runs.validate.ValidationReport`."""
     task_id = S.check_id(_get(report, "task_id"), "task_id")
     S.check_id(run_id, "run_id")
     started = utc(_get(report, "started_at"))

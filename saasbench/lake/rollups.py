@@ -10,7 +10,7 @@ with this same function, and ``saasbench lake compact`` stores them.
 Summation order is part of the definition (a last-bit difference can flip a ``round(x, 2)``):
 each group's sums add its node rows left to right in (node_index, node_id) order, excluded
 statuses adding 0.0 (``x + 0.0 == x``). Arrow's single-threaded hash ``sum`` adds each group's
-values in input order, like Python's ``sum``; the reference path in :mod:`saasbench.aggregate`
+values in input order, like Python's ``sum``; the reference path in :mod:`saasbench.reports.aggregate`
 adds in the same order and tests check both agree.
 """
 

@@ -1,0 +1,1 @@
+"""The command line: one module per noun group, wired in main.py."""

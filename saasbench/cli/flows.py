@@ -1,0 +1,174 @@
+"""``saasbench run`` and ``saasbench sweep``: typer functions the CLI registers.
+
+Wiring (in saasbench/cli/main.py)::
+
+    from saasbench.cli.flows import run_cmd, sweep_cmd
+    app.command("run")(run_cmd)
+    app.command("sweep")(sweep_cmd)
+
+Both go through Prefect flows (``flows/``) in ephemeral mode (a temporary local server per
+process, state under ``$PREFECT_HOME``) or against ``$PREFECT_API_URL`` when set; ``sweep
+--no-prefect`` runs the same core in a thread pool without Prefect.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from saasbench.cli.common import fail as _fail
+
+
+def prefect_env() -> None:
+    """Defaults for Prefect when the user set none: no telemetry, state outside ~/.prefect."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
+        os.environ["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"saasbench-prefect-{os.getuid()}")
+
+
+JudgeModel = Annotated[str | None, typer.Option("--judge-model", help="litellm model of the LLM judge for llm-judge "
+                                                                   "nodes (without one they are SKIPPED_LLM)")]
+JudgeApiBase = Annotated[str | None, typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge")]
+JudgeKeyEnv = Annotated[str | None, typer.Option("--judge-api-key-env", help="NAME of the variable holding the judge's key")]
+GatewayFile = Annotated[Path | None, typer.Option("--gateway", help="Model gateway config YAML (saasbench.runs.gateway."
+                                                                    "GatewayConfig: models, retries, ...)")]
+
+
+def _judge_and_gateway(judge_model: str | None, judge_api_base: str | None, judge_api_key_env: str | None,
+                       gateway: Path | None) -> dict:
+    """SweepSpec fields from the judge and gateway options (empty when none are given)."""
+    import yaml
+
+    out: dict = {}
+    if judge_model:
+        out["judge"] = {"model": judge_model, **({"api_base": judge_api_base} if judge_api_base else {}),
+                        **({"api_key_env": judge_api_key_env} if judge_api_key_env else {})}
+    elif judge_api_base or judge_api_key_env:
+        raise _fail("--judge-api-base/--judge-api-key-env need --judge-model")
+    if gateway is not None:
+        try:
+            out["gateway"] = yaml.safe_load(gateway.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise _fail(f"cannot read {gateway}: {exc}") from None
+    return out
+
+
+def run_cmd(
+    task: Annotated[str, typer.Option("--task", help="Task id or folder")],
+    agent: Annotated[str, typer.Option("--agent", help="Agent name (oracle, nop, ...)")],
+    model: Annotated[str | None, typer.Option("--model", help="Model for LLM agents")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="local or docker")] = "local",
+    lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")] = None,
+    sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id of the trial (default run-<task>-<agent>)")] = None,
+    attempt: Annotated[int, typer.Option("--attempt", help="Attempt number (part of the trial id)")] = 0,
+    judge_model: JudgeModel = None,
+    judge_api_base: JudgeApiBase = None,
+    judge_api_key_env: JudgeKeyEnv = None,
+    gateway: GatewayFile = None,
+) -> None:
+    """Run one trial through the Prefect trial flow and commit it to the lake.
+
+    Example: saasbench run --task timetrack --agent oracle
+    """
+    from saasbench.runs.sweep import SweepSpec, id_part
+
+    if backend not in ("local", "docker"):
+        raise _fail(f"--backend must be local or docker, not {backend!r}")
+    extra = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway)
+    try:
+        spec = SweepSpec(sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}", tasks=[task], agents=[agent],
+                         models=[model], backend=backend, lake=lake, **extra)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    prefect_env()
+    from saasbench.flows.trial import trial_flow
+
+    outcome = trial_flow(task=task, agent=agent, model=model, attempt=attempt, sweep=spec.model_dump(mode="json"))
+    Console().print(f"{escape(task)}/{escape(agent)}: {outcome} (sweep {spec.sweep_id}, lake {escape(spec.lake_uri)})")
+
+
+def sweep_cmd(
+    spec_yaml: Annotated[Path | None, typer.Argument(help="Sweep spec YAML (or give --task/--agent)")] = None,
+    task: Annotated[list[str] | None, typer.Option("--task", help="Task id (repeatable)")] = None,
+    agent: Annotated[list[str] | None, typer.Option("--agent", help="Agent (repeatable)")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="Model (repeatable)")] = None,
+    attempts: Annotated[int | None, typer.Option("--attempts", help="Attempts per config")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="local or docker")] = None,
+    sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id (re-use one to resume)")] = None,
+    lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", help="Trials at once")] = None,
+    no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Plain thread pool, no Prefect")] = False,
+    envs_per_host: Annotated[int | None, typer.Option(
+        "--envs-per-host", help="Environments at once per host (Prefect global concurrency limit; default "
+                                "$SAASBENCH_ENVS_PER_HOST, else unlimited)")] = None,
+    llm_calls: Annotated[str | None, typer.Option(
+        "--llm-calls", help="LLM calls at once per provider: N, or provider=N,...,*=N (default "
+                            "$SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited)")] = None,
+    dispatch: Annotated[str, typer.Option(
+        "--dispatch", help="local: trials in this process; deployment: each trial a flow run of the 'trial' "
+                           "deployment, run by the work pool's workers (needs PREFECT_API_URL)")] = "local",
+    judge_model: JudgeModel = None,
+    judge_api_base: JudgeApiBase = None,
+    judge_api_key_env: JudgeKeyEnv = None,
+    gateway: GatewayFile = None,
+) -> None:
+    """Run a sweep (tasks x agents x models x attempts); re-running a sweep id resumes it.
+
+    Examples: saasbench sweep sweep.yaml; saasbench sweep --task timetrack --agent oracle --agent nop --sweep-id s1
+    """
+    import datetime as dt
+
+    import yaml
+
+    from saasbench.runs.sweep import SweepSpec, aggregate, plan, run_sweep_plain
+    from saasbench.services.limits import parse_llm_calls
+
+    data: dict = {}
+    if spec_yaml is not None:
+        try:
+            data = yaml.safe_load(spec_yaml.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise _fail(f"cannot read {spec_yaml}: {exc}") from None
+    for key, value in (("tasks", task), ("agents", agent), ("models", model), ("attempts", attempts),
+                       ("backend", backend), ("sweep_id", sweep_id), ("lake", lake), ("concurrency", concurrency)):
+        if value:
+            data[key] = value
+    if dispatch not in ("local", "deployment"):
+        raise _fail(f"--dispatch must be local or deployment, not {dispatch!r}")
+    if dispatch == "deployment" and no_prefect:
+        raise _fail("--dispatch deployment needs Prefect (drop --no-prefect)")
+    if envs_per_host is not None:
+        data["envs_per_host"] = envs_per_host
+    if llm_calls is not None:
+        try:
+            data["llm_calls_per_provider"] = parse_llm_calls(llm_calls)
+        except ValueError as exc:
+            raise _fail(f"--llm-calls: {exc}") from None
+    data.update(_judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway))
+    data.setdefault("sweep_id", "sweep-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValueError as exc:
+        raise _fail(f"invalid sweep spec: {exc}") from None
+    console = Console()
+    console.print(f"sweep {spec.sweep_id}: {len(plan(spec))} trial(s), lake {escape(spec.lake_uri)}")
+    if no_prefect:
+        outcomes = run_sweep_plain(spec, on_done=lambda t, o: console.print(f"  {escape(t.label)}: {o}"))
+        agg = aggregate(spec)
+        board, html = agg["markdown"], agg["html"]
+    else:
+        prefect_env()
+        from saasbench.flows.sweep import sweep_flow
+
+        res = sweep_flow(spec.model_dump(mode="json"), dispatch=dispatch)
+        outcomes, board, html = res["outcomes"], res["leaderboard"], res["html"]
+    console.print(f"ran {len(outcomes)} trial(s) now ({len(plan(spec)) - len(outcomes)} already committed)")
+    console.print(board, markup=False, highlight=False)
+    if html:
+        console.print(f"HTML report: {escape(html)}")

@@ -1,0 +1,1 @@
+"""One evaluation of a running app: context, engine (gating, chains, deadlines), scoring, report models."""

@@ -1,0 +1,1 @@
+"""Aggregation over the lake (the paper's tables), backbones, the HTML report."""

@@ -1,0 +1,387 @@
+"""Sweeps without Prefect: the spec, the trial plan, resumability and one trial's run + record.
+
+``flows/`` wraps these functions in Prefect tasks and flows; everything here is plain Python so a
+sweep also runs with ``--no-prefect`` (thread pool) and in tests without a Prefect server.
+
+Trial ids are deterministic (``<task>.<agent>.<model or none>.<attempt>``), so a re-run of the same
+sweep id plans the same trials and :func:`pending` skips those already committed in the lake: a
+killed sweep loses at most the trials in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from saasbench import lake as lakelib
+from saasbench import settings
+from saasbench.failures import EnvError, HarnessError, TaskDefect
+from saasbench.runs.gateway import Gateway, GatewayConfig
+from saasbench.runs.trial import run_local_trial
+from saasbench.services import limits
+from saasbench.services.judge import JudgeConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETRY_DELAYS: list[float] = [10.0, 60.0]
+
+
+class SweepSpec(BaseModel):
+    """One sweep: every task x agent x model x attempt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sweep_id: str
+    name: str | None = None
+    tasks: list[str] = Field(min_length=1)
+    agents: list[str] = Field(min_length=1)
+    models: list[str | None] = Field(default_factory=lambda: [None])
+    attempts: int = Field(1, ge=1)
+    backend: Literal["local", "docker"] = "local"
+    judge_model: str | None = Field(None, description="shorthand for judge: {model: ...}")
+    judge: JudgeConfig | None = Field(None, description="the LLM judge of llm-judge nodes (saasbench.services.judge.JudgeConfig: "
+                                      "model, api_base, api_key_env, retries, votes, ...); none: those nodes are "
+                                      "SKIPPED_LLM")
+    lake: str | None = Field(None, description="lake URI; default $SAASBENCH_LAKE or runs/lake")
+    concurrency: int = Field(1, ge=1)
+    retries: int = Field(2, ge=0, description="retries of infrastructure failures (env_error, judge_error)")
+    retry_delays: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS))
+    report_dir: str | None = Field(None, description="where the HTML report goes; default runs/reports")
+    compact: bool = Field(True, description="when every planned trial is committed, merge the sweep's per-trial "
+                                            "files into one batch (saasbench.lake.compact) before the report")
+    gateway: GatewayConfig | None = Field(None, description="the model gateway (saasbench.runs.gateway): one LiteLLM proxy "
+                                          "for the sweep; agents get its URL and a per-trial key, never a provider key")
+    envs_per_host: int | None = Field(None, ge=1, description="environments at once per host (a Prefect global "
+                                      "concurrency limit, or a local semaphore without Prefect); default "
+                                      "$SAASBENCH_ENVS_PER_HOST, else unlimited")
+    llm_calls_per_provider: int | dict[str, int] | None = Field(
+        None, description="LLM calls at once per provider: n for every provider or {provider: n, '*': default}; "
+                          "default $SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited")
+
+    @field_validator("sweep_id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        return lakelib.check_id(v, "sweep_id")
+
+    @model_validator(mode="after")
+    def _judge(self) -> SweepSpec:
+        if self.judge_model and self.judge is None:
+            self.judge = JudgeConfig(model=self.judge_model)
+        elif self.judge_model and self.judge.model != self.judge_model:
+            raise ValueError(f"judge_model {self.judge_model!r} and judge.model {self.judge.model!r} differ")
+        return self
+
+    @field_validator("llm_calls_per_provider")
+    @classmethod
+    def _llm_calls(cls, v: Any) -> Any:
+        if isinstance(v, (dict, int)):
+            if any(n < 1 for n in ([v] if isinstance(v, int) else v.values())):
+                raise ValueError("LLM call limits must be >= 1")
+            limits.parse_llm_calls(v)
+        return v
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models(cls, v: Any) -> Any:
+        if v is None or v == []:
+            return [None]
+        return [None if m in (None, "", "none", "None") else m for m in v]
+
+    @property
+    def lake_uri(self) -> str:
+        return settings.lake_uri(self.lake)
+
+    def delay(self, retry_index: int) -> float:
+        if not self.retry_delays:
+            return 0.0
+        return self.retry_delays[min(retry_index, len(self.retry_delays) - 1)]
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> SweepSpec:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a sweep spec is a mapping")  # noqa: TRY004 - bad file content
+        return cls.model_validate(data)
+
+    @classmethod
+    def load(cls, spec: SweepSpec | Mapping[str, Any] | str | Path) -> SweepSpec:
+        """A spec from a SweepSpec, a dict, or a YAML file path."""
+        if isinstance(spec, SweepSpec):
+            return spec
+        if isinstance(spec, Mapping):
+            return cls.model_validate(dict(spec))
+        return cls.from_yaml(spec)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:@+-]")
+
+
+def id_part(value: str | None) -> str:
+    """A model/agent/task name as a lake-id segment (``openai/gpt-4o`` -> ``openai_gpt-4o``)."""
+    if value is None:
+        return "none"
+    part = _UNSAFE.sub("_", str(value))
+    return part if part and part[0].isalnum() else f"x{part}"
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    task: str
+    agent: str
+    model: str | None
+    attempt: int
+
+    @property
+    def trial_id(self) -> str:
+        return f"{id_part(self.task)}.{id_part(self.agent)}.{id_part(self.model)}.{self.attempt}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.task}/{self.agent}/{self.model or 'none'}#{self.attempt}"
+
+
+def plan(spec: SweepSpec) -> list[TrialSpec]:
+    """Every trial of the sweep, in a stable order (attempt-major so early results cover every config)."""
+    return [TrialSpec(task, agent, model, attempt)
+            for attempt in range(spec.attempts)
+            for task in spec.tasks
+            for agent in spec.agents
+            for model in spec.models]
+
+
+def pending(spec: SweepSpec, lake: Any = None) -> list[TrialSpec]:
+    """Planned trials not yet committed in the lake (the resume set)."""
+    done = lakelib.committed_trials(lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri), spec.sweep_id)
+    return [t for t in plan(spec) if t.trial_id not in done]
+
+
+def committed_outcome(spec: SweepSpec, trial: TrialSpec, lake: Any = None) -> str | None:
+    """The outcome of ``trial`` if it is committed in the lake, else None."""
+    store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    if trial.trial_id not in lakelib.committed_trials(store, spec.sweep_id):
+        return None
+    rows = lakelib.query(store, "SELECT outcome FROM trials WHERE sweep_id = ? AND trial_id = ?",
+                         [spec.sweep_id, trial.trial_id], sweep_id=spec.sweep_id).to_pylist()
+    return rows[0]["outcome"] if rows else None
+
+
+def write_sweep_row(spec: SweepSpec, lake: Any = None) -> None:
+    store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    lakelib.write_sweep(store, lakelib.sweep_row(
+        spec.sweep_id, config=spec.model_dump(), name=spec.name, tasks=spec.tasks, agents=spec.agents,
+        models=[m for m in spec.models if m], attempts=spec.attempts))
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _load_task(name: str):
+    from saasbench.catalog.tasks import load_task
+
+    try:
+        return load_task(name)
+    except Exception as exc:
+        raise TaskDefect(f"cannot load task {name!r}: {exc}") from exc
+
+
+def _is_env_failure(exc: BaseException) -> bool:
+    """Exceptions that mean the environment (not the agent, not the task) failed."""
+    from saasbench.environments import local as environment
+
+    if isinstance(exc, (environment.EnvError, OSError, TimeoutError)):
+        return True
+    mod = type(exc).__module__ or ""
+    return mod.startswith(("docker.", "requests.", "urllib3."))
+
+
+def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
+              say: Callable[[str], None] | None = None, gateway: Gateway | None = None) -> str:
+    """Run one trial and commit it to the lake; returns its outcome.
+
+    Raises a *retryable* :class:`HarnessError` (env/judge) without writing anything, so the caller
+    (Prefect task retries or :func:`run_trial_retrying`) can retry it. A non-retryable
+    HarnessError (agent outcomes, task defect) is recorded as that outcome and returned. The app not
+    becoming healthy after the agent's work is the agent's result (nodes fail), not an env error.
+    """
+    if gateway is None and spec.gateway is not None:
+        gateway = _SHARED_GATEWAYS.get(spec.sweep_id)  # the sweep's, when this process runs the sweep
+    if gateway is None and spec.gateway is not None:  # no shared gateway (e.g. a trial flow on a worker): its own
+        with Gateway(spec.gateway) as own:
+            return run_trial(trial, spec, lake=lake, say=say, gateway=own)
+    store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    started = _now()
+    try:
+        task = _load_task(trial.task)
+        try:
+            limits.configure_from_spec(spec)
+            agent, access = trial.agent, None
+            if gateway is not None:  # the agent reaches models through the sweep's gateway with this trial's key
+                from saasbench.runs.trial import resolve_agent
+
+                access = gateway.for_trial(trial.trial_id)
+                agent = gateway.attach(resolve_agent(trial.agent, trial.model), access)
+            with limits.environment_slot():  # the trial's whole environment lifetime
+                result = run_local_trial(task, agent, backend=spec.backend, say=say, model=trial.model, judge=spec.judge)
+        except HarnessError:
+            raise
+        except Exception as exc:
+            if _is_env_failure(exc):
+                raise EnvError(f"environment failed for {trial.label}: {type(exc).__name__}: {exc}") from exc
+            raise
+    except HarnessError as exc:
+        if exc.retryable:
+            raise
+        record_failure(trial, spec, exc, lake=store, started_at=started)
+        return exc.outcome
+    outcome = detail = None
+    failures = result.judge_failures
+    if failures and result.outcome == "completed":
+        # the judge failed after its own retries (5, with backoff): an infrastructure outcome, kept
+        # with its node rows (those nodes are SKIPPED_LLM) and not retried, since a rerun would
+        # resample the agent; reports count it apart from valid trials
+        outcome = "judge_error"
+        detail = f"{len(failures)} judge call(s) failed after retries; first: {failures[0]}"
+    rows = lakelib.from_trial_result(
+        result, sweep_id=spec.sweep_id, trial_id=trial.trial_id, task=task, model=trial.model,
+        attempt=trial.attempt, started_at=started, ended_at=_now(), outcome=outcome, outcome_detail=detail,
+        model_calls=access.calls() if access is not None else ())
+    lakelib.write_trial(store, rows)
+    return rows.tables["trials"][0]["outcome"]
+
+
+def record_failure(trial: TrialSpec, spec: SweepSpec, exc: BaseException, *, lake: Any = None,
+                   started_at: Any = None) -> str:
+    """Commit a trial row (no node rows) for a trial that ended in a failure outcome."""
+    from saasbench.failures import outcome_of
+
+    store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    outcome = outcome_of(exc)
+    task_id = trial.task
+    try:
+        from saasbench.catalog.tasks import load_task
+
+        t = load_task(trial.task)
+        task_id, spec_t = t.id, t.spec
+    except Exception:  # noqa: BLE001
+        spec_t = None
+    info = lakelib.TrialInfo(
+        sweep_id=spec.sweep_id, trial_id=trial.trial_id, task_id=id_part(task_id), agent=trial.agent,
+        model=trial.model, attempt=trial.attempt, outcome=outcome,
+        outcome_detail=f"{type(exc).__name__}: {exc}",
+        category=getattr(spec_t, "category", None) or None, domain=getattr(spec_t, "domain", None),
+        complexity_tier=getattr(spec_t, "complexity_tier", None), started_at=started_at, ended_at=_now())
+    lakelib.write_trial(store, lakelib.trial_rows(info))
+    return outcome
+
+
+def run_trial_retrying(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
+                       sleep: Callable[[float], None] = time.sleep, gateway: Gateway | None = None) -> str:
+    """:func:`run_trial` with retries of retryable failures only (the no-Prefect path); after the
+    last retry the failure is recorded as its infra outcome."""
+    for i in range(spec.retries + 1):
+        try:
+            return run_trial(trial, spec, lake=lake, gateway=gateway)
+        except HarnessError as exc:
+            if not exc.retryable or i == spec.retries:
+                return record_failure(trial, spec, exc, lake=lake)
+            log.warning("%s: %s (retry %d/%d)", trial.label, exc, i + 1, spec.retries)
+            sleep(spec.delay(i))
+    raise AssertionError("unreachable")
+
+
+def run_sweep_plain(spec: SweepSpec | Mapping[str, Any] | str | Path, workers: int | None = None, *,
+                    lake: Any = None, sleep: Callable[[float], None] = time.sleep,
+                    on_done: Callable[[TrialSpec, str], None] | None = None) -> dict[str, str]:
+    """Run the pending trials of a sweep in a thread pool (``workers`` or ``spec.concurrency``).
+
+    Returns ``{trial_id: outcome}`` for the trials run now (already committed ones are skipped)."""
+    spec = SweepSpec.load(spec)
+    store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    write_sweep_row(spec, store)
+    todo = pending(spec, store)
+    outcomes: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def one(t: TrialSpec) -> None:
+        outcome = run_trial_retrying(t, spec, lake=store, sleep=sleep, gateway=gw)
+        with lock:
+            outcomes[t.trial_id] = outcome
+        if on_done:
+            on_done(t, outcome)
+
+    with sweep_gateway(spec, bool(todo)) as gw, ThreadPoolExecutor(max_workers=max(1, workers or spec.concurrency)) as pool:
+        for fut in [pool.submit(one, t) for t in todo]:
+            fut.result()
+    return outcomes
+
+
+_SHARED_GATEWAYS: dict[str, Gateway] = {}
+
+
+@contextlib.contextmanager
+def sweep_gateway(spec: SweepSpec, needed: bool = True) -> Iterator[Gateway | None]:
+    """One gateway for the sweep's trials run by this process (None when the spec has none or
+    nothing is pending). :func:`run_trial` finds it by sweep id, so Prefect tasks, whose
+    parameters must stay hashable data, need not carry it."""
+    if spec.gateway is None or not needed:
+        yield None
+        return
+    with Gateway(spec.gateway) as gw:
+        _SHARED_GATEWAYS[spec.sweep_id] = gw
+        try:
+            yield gw
+        finally:
+            _SHARED_GATEWAYS.pop(spec.sweep_id, None)
+
+
+def leaderboard_markdown(report: Any) -> str:
+    """Markdown leaderboard of a :class:`saasbench.reports.aggregate.SweepReport`."""
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    lines = ["| agent/model | Pass@1 | deterministic | valid/all trials |", "|---|---:|---:|---:|"]
+    configs = sorted(report.configs, key=lambda c: -(c.all.pass_at_1 or 0))
+    for c in configs:
+        lines.append(f"| {c.label} | {pct(c.all.pass_at_1)} | {pct(c.all.deterministic)} | "
+                     f"{c.valid_trials}/{c.all.trials} |")
+    return "\n".join(lines) + "\n"
+
+
+def aggregate(spec: SweepSpec, *, lake: Any = None, report_dir: str | Path | None = None) -> dict[str, Any]:
+    """Aggregate the sweep: ``{"report": SweepReport, "markdown": str, "html": path or None}``."""
+    from saasbench.reports.aggregate import sweep_report
+
+    uri = lake if lake is not None else spec.lake_uri
+    store = lakelib.lake_from_uri(uri)
+    if spec.compact:
+        try:  # a finished sweep becomes a few large files: cheap to read for every later report
+            if not pending(spec, store):
+                lakelib.compact(store, sweep_id=spec.sweep_id)
+                lakelib.merge_batches(store)  # one batch per finished sweep would pile up: merge the small ones
+        except Exception as exc:  # noqa: BLE001 - the per-trial files stay valid; compaction can be rerun
+            log.warning("sweep %s: compaction failed, files left as written: %s", spec.sweep_id, exc)
+    report = sweep_report(store, spec.sweep_id)
+    html = None
+    try:
+        from saasbench.reports.report_html import write_html
+
+        out = Path(report_dir or spec.report_dir or "runs/reports") / f"{spec.sweep_id}.html"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        html = str(write_html(report, out).resolve())
+    except ImportError:  # pragma: no cover - report_html is optional
+        pass
+    return {"report": report, "markdown": leaderboard_markdown(report), "html": html}
