@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Callable, NamedTuple, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -322,7 +322,7 @@ def _engine_from_scheme(scheme: str) -> str | None:
 
 def _host_and_port(value: str) -> tuple[str | None, int | None]:
     """'`postgres`, port `5432`' -> ('postgres', 5432); '`db` (alias `mysql` also works)' -> ('db', None)."""
-    host = _first_code(value) or (value.split() or [None])[0]
+    host = _first_code(value) or next(iter(value.split()), None)
     port = re.search(r"(?i)\bport\s*`?(\d{2,5})", value)
     return (host.strip(",;") if host else None), (_to_int(port.group(1)) if port else None)
 
@@ -768,13 +768,13 @@ def _requirements(lines: list[str]) -> list[str]:
 _T = TypeVar("_T")
 
 
-def _safe(warnings: list[str], what: str, fn: Callable[[], _T], default: _T) -> _T:
+def _safe(warnings: list[str], what: str, fn: Callable[[], _T], default: Any) -> _T:
     """Run one extractor; an unexpected error becomes a warning, never an exception."""
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - the parser must not raise on odd input
         warnings.append(f"could not extract {what}: {type(exc).__name__}: {exc}")
-        return default
+        return cast(_T, default)
 
 
 def _as_text(text: object, warnings: list[str]) -> str:
@@ -803,7 +803,7 @@ def parse_prompt_for_model(text: str, source: str = "<memory>") -> PromptFacts:
         warnings.append("no '## Prompt' section; facts read from the whole text")
         section = text.strip()
     lines = section.split("\n")
-    blocks = _safe(warnings, "blocks", lambda: _bold_blocks(lines), [])
+    blocks: list[_Block] = _safe(warnings, "blocks", lambda: _bold_blocks(lines), [])
 
     database, db_index = _safe(warnings, "database", lambda: _database(blocks), (None, None))
     skip: set[int] = set()

@@ -411,16 +411,16 @@ def _dotenv_port(path: Path) -> int | None:
 
 def _find_public_dirs(src: Path, public_id: str, warnings: list[str]) -> tuple[Path | None, Path | None, Path | None]:
     """(tasks/task_<id>, check/task_<id>, check/task_<id>_e/evaluate) of a public task folder, each None when absent."""
-    inner = src / "tasks" / public_id
-    if not inner.is_dir():
+    inner: Path | None = src / "tasks" / public_id
+    if not (src / "tasks" / public_id).is_dir():
         inner = _one(sorted(p for p in (src / "tasks").glob("task_*") if p.is_dir()), "tasks/task_* folders", warnings) \
             if (src / "tasks").is_dir() else None
-    check = src / "check" / public_id
-    if not check.is_dir():
+    check: Path | None = src / "check" / public_id
+    if not (src / "check" / public_id).is_dir():
         check = _one(sorted(p for p in (src / "check").glob("task_*") if p.is_dir() and not p.name.endswith("_e")),
                      "check/task_* folders", warnings) if (src / "check").is_dir() else None
-    evaluate = src / "check" / f"{public_id}_e" / "evaluate"
-    if not evaluate.is_dir():
+    evaluate: Path | None = src / "check" / f"{public_id}_e" / "evaluate"
+    if not (src / "check" / f"{public_id}_e" / "evaluate").is_dir():
         evaluate = _one(sorted(p for p in (src / "check").glob("*_e/evaluate") if p.is_dir()), "check/*_e/evaluate folders",
                         warnings) if (src / "check").is_dir() else None
     return inner, check, evaluate

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from saasbench.dag.placeholders import MUSTACHE, SHELL
 
 Method = Literal["binary", "weighted", "llm-judge"]
+IssueKind = Literal["error", "warning", "normalisation"]
 
 METHOD_ALIASES: dict[str, Method] = {
     "binary": "binary",
@@ -128,7 +129,7 @@ class Dag(BaseModel):
 class Issue(BaseModel):
     """One finding of the loader. ``kind`` is error, warning or normalisation."""
 
-    kind: Literal["error", "warning", "normalisation"]
+    kind: IssueKind
     file: str
     node: str | None = None
     field: str | None = None
@@ -212,7 +213,7 @@ class _Collector:
         self.file = file
         self.issues: list[Issue] = []
 
-    def add(self, kind: str, message: str, node: str | None = None, field: str | None = None) -> None:
+    def add(self, kind: IssueKind, message: str, node: str | None = None, field: str | None = None) -> None:
         self.issues.append(Issue(kind=kind, file=self.file, node=node, field=field, message=message))
 
 
@@ -240,8 +241,8 @@ def load_dag_data(raw: Any, *, source: str = "<memory>", validate_inputs: bool =
     if not isinstance(raw, dict):
         c.add("error", f"top level must be an object with 'nodes', got {type(raw).__name__}")
         raise DagLoadError(c.issues)
-    meta = raw.get("meta") if isinstance(raw.get("meta"), dict) else {}
-    scoring_config = raw.get("scoring_config") if isinstance(raw.get("scoring_config"), dict) else {}
+    meta: dict[str, Any] = raw["meta"] if isinstance(raw.get("meta"), dict) else {}
+    scoring_config: dict[str, Any] = raw["scoring_config"] if isinstance(raw.get("scoring_config"), dict) else {}
     for key in raw:
         if key not in {"meta", "scoring_config", "nodes"}:
             c.add("warning", f"top-level key {key!r} not understood (kept out of the model)", field=key)
@@ -485,8 +486,8 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
             _warnings.reset(warn_token)
         for message in bucket:
             c.add("normalisation", f"{code}: {message}", node=node_id, field=f"{field}.inputs")
-        for message, where in defects:
-            c.add("warning", f"{code}: {message}", node=node_id, field=f"{field}.inputs.{where}" if where else f"{field}.inputs")
+        for message, at in defects:
+            c.add("warning", f"{code}: {message}", node=node_id, field=f"{field}.inputs.{at}" if at else f"{field}.inputs")
         if model is not None:
             for key in (model.model_extra or {}):
                 if is_annotation(key, inputs.get(key)):

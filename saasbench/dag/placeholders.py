@@ -77,7 +77,7 @@ def lookup(expr: str, scopes: list[Mapping[str, Any]]) -> Any:
         if expr in scope:  # flat keys such as "list_id2" or "a.b" stored literally
             return scope[expr]
         head = parts[0]
-        if head in scope:
+        if isinstance(head, str) and head in scope:
             found = walk(scope[head], parts[1:])
             if found is not _MISSING:
                 return found

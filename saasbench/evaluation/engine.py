@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -89,7 +90,7 @@ class Engine:
 
     # --- one node -------------------------------------------------------------------------------
     def _run_node(self, node: Node, gate: dict[str, bool]) -> NodeResult:
-        base = dict(
+        base: dict[str, Any] = dict(
             id=node.id,
             category=node.scoring.category,
             subcategory=node.scoring.subcategory,
