@@ -458,8 +458,9 @@ def run_evaluation(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from saasbench.dag import execution_order
-    from saasbench.evaluation.context import RunContext, RunOptions, Target
-    from saasbench.evaluation.engine import Engine, EngineOptions, select_nodes, tie_order
+    from saasbench.evaluation.context import RunOptions, Target
+    from saasbench.evaluation.engine import EngineOptions, select_nodes, tie_order
+    from saasbench.evaluation.evaluate import evaluate
     from saasbench.services.auth import AuthProfileError, load_auth_profile
 
     console = console or _console()
@@ -518,11 +519,9 @@ def run_evaluation(
     target = Target(base_url=base_url, workspace=workspace.resolve() if workspace else None, db_dsn=db_dsn,
                     task_id=dag.meta.get("task_id"), exec_target=exec_target, exec_env=exec_vars)
     options = RunOptions(compat=compat, node_timeout_s=node_timeout, http_timeout_s=http_timeout,
-                         max_response_bytes=max_response_bytes, judge_enabled=judge is not None)
-    ctx = RunContext(target, options=options, auth_profile=profile, variables=variables or {}, env_defaults=dag.env_defaults)
-    ctx.judge = judge
-    engine = Engine(dag, ctx, EngineOptions(only=list(only or []), categories=list(categories or []), dry_run=dry_run,
-                                            quarantine=quarantine))
+                         max_response_bytes=max_response_bytes)
+    engine_options = EngineOptions(only=list(only or []), categories=list(categories or []), dry_run=dry_run,
+                                   quarantine=quarantine)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("evaluating", total=len(selected))
@@ -531,7 +530,8 @@ def run_evaluation(
             progress.update(task, advance=1, description=f"{node_result.id} {node_result.status.value}")
 
         try:
-            report = engine.run(on_node=tick)
+            report = evaluate(dag, target, options=options, auth_profile=profile, variables=variables, judge=judge,
+                              engine_options=engine_options, on_node=tick)
         finally:
             if exec_target is not None:
                 exec_target.close()

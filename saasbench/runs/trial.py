@@ -246,23 +246,19 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
     SKIPPED_LLM); its ``calls`` hold every vote afterwards."""
     from saasbench.environments.exec_target import task_exec_env
     from saasbench.environments.local import start_app
-    from saasbench.evaluation.context import RunContext, RunOptions, Target
-    from saasbench.evaluation.engine import Engine
+    from saasbench.evaluation.context import RunOptions, Target
+    from saasbench.evaluation.evaluate import evaluate
 
     say = say or (lambda m: None)
     app = start_app(task, env, command=agent.app_start_command(task))
     if not app.ok:
         say(f"{agent.name}: app not healthy: {app.error}")
-    ctx = RunContext(
-        Target(base_url=env.base_url, workspace=Path(env.workspace_dir), db_dsn=env.db_dsn, environment=env,
-               task_id=task.id, exec_env=task_exec_env(task, env), origin_aliases=task.app_origins),
-        options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s, judge_enabled=judge is not None),
-        auth_profile=task.spec.auth,
-        env_defaults=dag.env_defaults,
-    )
-    ctx.judge = judge
+    target = Target(base_url=env.base_url, workspace=Path(env.workspace_dir), db_dsn=env.db_dsn, environment=env,
+                    task_id=task.id, exec_env=task_exec_env(task, env), origin_aliases=task.app_origins)
     say(f"{agent.name}: evaluating {len(dag.nodes)} node(s)")
-    return Engine(dag, ctx).run(on_node=on_node), app
+    report = evaluate(dag, target, options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s),
+                      auth_profile=task.spec.auth, judge=judge, on_node=on_node)
+    return report, app
 
 
 def run_local_trial(task, agent_name, *, keep_workspace: bool = False,
