@@ -127,3 +127,27 @@ def test_architecture_doc_lists_every_module() -> None:
         if f"`{wanted}`" not in layout:
             missing.append(wanted)
     assert missing == [], f"docs/architecture.md's Layout does not name: {sorted(missing)}"
+
+
+def test_backend_names_come_from_the_registry() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from saasbench.environments import backend_names, check_backend, register_backend
+    from saasbench.runs.sweep import SweepSpec
+
+    assert backend_names()[:2] == ("local", "docker")
+    with pytest.raises(ValueError, match="choose local or docker"):
+        check_backend("podman")
+    with pytest.raises(ValidationError, match="unknown backend 'podman'"):
+        SweepSpec(sweep_id="s", tasks=["t"], agents=["nop"], backend="podman")
+    register_backend("podman", lambda task, **kw: ("podman", task))
+    try:
+        from saasbench.environments import create_environment
+
+        assert SweepSpec(sweep_id="s", tasks=["t"], agents=["nop"], backend="podman").backend == "podman"
+        assert create_environment("podman", "T") == ("podman", "T")
+    finally:
+        from saasbench import environments
+
+        environments._BACKENDS.pop("podman")

@@ -76,10 +76,13 @@ def run_cmd(
 
     Example: saasbench run --task timetrack --agent oracle
     """
+    from saasbench.environments import check_backend
     from saasbench.runs.sweep import SweepSpec, id_part
 
-    if backend not in ("local", "docker"):
-        raise _fail(f"--backend must be local or docker, not {backend!r}")
+    try:
+        check_backend(backend)
+    except ValueError as exc:
+        raise _fail(f"--backend: {exc}") from None
     extra = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway)
     try:
         spec = SweepSpec(sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}", tasks=[task], agents=[agent],

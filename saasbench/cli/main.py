@@ -677,8 +677,12 @@ def demo(
         spec = load_task(task)
     except (FileNotFoundError, KeyError, ValueError, DagLoadError) as exc:
         raise _fail(f"cannot load demo task {task!r}: {exc}") from None
-    if backend not in ("local", "docker"):
-        raise _fail(f"--backend must be local or docker, not {backend!r}")
+    from saasbench.environments import check_backend
+
+    try:
+        check_backend(backend)
+    except ValueError as exc:
+        raise _fail(f"--backend: {exc}") from None
     out_dir = out or _fresh_dir(Path("runs") / f"demo-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
     import datetime as dt

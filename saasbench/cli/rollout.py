@@ -168,10 +168,13 @@ def rollout_cmd(
     """
     from saasbench.agents import AgentNotFound
     from saasbench.catalog.tasks import TaskError, load_task
+    from saasbench.environments import check_backend
     from saasbench.runs.trial import resolve_agent, run_rollout, task_budget
 
-    if backend not in ("local", "docker"):
-        raise _fail(f"--backend must be local or docker, not {backend!r}")
+    try:
+        check_backend(backend)
+    except ValueError as exc:
+        raise _fail(f"--backend: {exc}") from None
     try:
         spec = load_task(task)
     except (TaskError, OSError, ValueError) as exc:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -49,7 +49,7 @@ class SweepSpec(BaseModel):
     agents: list[str] = Field(min_length=1)
     models: list[str | None] = Field(default_factory=lambda: [None])
     attempts: int = Field(1, ge=1)
-    backend: Literal["local", "docker"] = "local"
+    backend: str = Field("local", description="an environment backend (saasbench.environments.backend_names())")
     judge_model: str | None = Field(None, description="shorthand for judge: {model: ...}")
     judge: JudgeConfig | None = Field(None, description="the LLM judge of llm-judge nodes (saasbench.services.judge.JudgeConfig: "
                                       "model, api_base, api_key_env, retries, votes, ...); none: those nodes are "
@@ -69,6 +69,13 @@ class SweepSpec(BaseModel):
     llm_calls_per_provider: int | dict[str, int] | None = Field(
         None, description="LLM calls at once per provider: n for every provider or {provider: n, '*': default}; "
                           "default $SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        from saasbench.environments import check_backend
+
+        return check_backend(value)
 
     @field_validator("sweep_id")
     @classmethod

@@ -120,15 +120,10 @@ def outcome_detail(outcome: str, findings: list[dict[str, Any]], trajectory: Any
 def make_environment(task, backend: str = "local", *, keep_workspace: bool = False, docker_client=None,
                      workspace_root: str | Path | None = None):
     """A fresh environment of the chosen backend for one trial (``workspace_root``: use that folder, kept)."""
-    if backend == "local":
-        from saasbench.environments.local import LocalEnvironment
+    from saasbench.environments import create_environment
 
-        return LocalEnvironment(task, workspace_root=workspace_root, keep=keep_workspace)
-    if backend == "docker":
-        from saasbench.environments.docker import DockerEnvironment
-
-        return DockerEnvironment(task, client=docker_client, keep=keep_workspace, workspace_root=workspace_root)
-    raise ValueError(f"unknown backend {backend!r} (local or docker)")
+    return create_environment(backend, task, keep_workspace=keep_workspace, workspace_root=workspace_root,
+                              docker_client=docker_client)
 
 
 def task_budget(task, *, steps: int | None = None, wall_s: float | None = None, tool_call_s: float | None = None):
