@@ -15,37 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from dialects import issues, kinds, run
 
-from saasbench.dag import DagLoadError, LoadResult, load_dag_data
+from saasbench.dag import load_dag_data
 from saasbench.evaluation.context import RunContext, Target
-from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import REGISTRY
-
-
-def load(*steps: dict[str, Any]) -> LoadResult:
-    """One node with these steps; raises DagLoadError on errors."""
-    return load_dag_data({"nodes": [{"id": "N", "steps": list(steps), "scoring": {"method": "binary", "maxScore": 1}}]})
-
-
-def issues(code: str, inputs: dict[str, Any]) -> list[tuple[str, str | None, str]]:
-    try:
-        found = load({"type": code, "inputs": inputs}).issues
-    except DagLoadError as exc:
-        found = exc.issues
-    return [(i.kind, i.field, i.message) for i in found]
-
-
-def kinds(code: str, inputs: dict[str, Any], kind: str) -> list[str]:
-    return [f"{field}: {message}" for k, field, message in issues(code, inputs) if k == kind]
-
-
-def run(ctx: RunContext, code: str, raw: dict[str, Any]) -> StepResult:
-    """Run one step the way the engine does: resolve (except raw fields), validate, call."""
-    spec = REGISTRY.spec(code)
-    assert spec is not None and spec.fn is not None and spec.inputs is not None
-    resolved = {k: (v if k in spec.raw_fields else ctx.resolve(v)) for k, v in raw.items()}
-    return spec.fn(spec.inputs.model_validate(resolved), ctx)
-
 
 # --- P18 browser_interaction -------------------------------------------------------------------------
 MJOBBZSI_P18 = {"steps": [

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dialects import clean, kinds, load, run
 from pydantic import model_validator
 
 from saasbench.dag import DagLoadError, LoadResult, StepDefect, load_dag_data
@@ -26,37 +27,6 @@ from saasbench.evaluation.context import RunContext, RunOptions, Target
 from saasbench.evaluation.engine import Engine
 from saasbench.evaluation.results import Status, StepResult
 from saasbench.primitives.registry import REGISTRY, PrimitiveInputs
-
-
-def load(*steps: dict[str, Any], **node: Any) -> LoadResult:
-    return load_dag_data({"nodes": [{"id": "N", "steps": list(steps), "scoring": {"method": "binary", "maxScore": 1}, **node}]})
-
-
-def issues(code: str, inputs: dict[str, Any]) -> list[tuple[str, str | None, str]]:
-    try:
-        found = load({"type": code, "inputs": inputs}).issues
-    except DagLoadError as exc:
-        found = exc.issues
-    return [(i.kind, i.field, i.message) for i in found]
-
-
-def kinds(code: str, inputs: dict[str, Any], kind: str) -> list[str]:
-    return [f"{field}: {message}" for k, field, message in issues(code, inputs) if k == kind]
-
-
-def clean(code: str, inputs: dict[str, Any]) -> str:
-    """Loads with no error and no warning; returns the normalisations as one text."""
-    assert not kinds(code, inputs, "error"), kinds(code, inputs, "error")
-    assert not kinds(code, inputs, "warning"), kinds(code, inputs, "warning")
-    return "\n".join(kinds(code, inputs, "normalisation"))
-
-
-def run(ctx: RunContext, code: str, raw: dict[str, Any]) -> StepResult:
-    """Run one step the way the engine does: resolve (except raw fields), validate, call."""
-    spec = REGISTRY.spec(code)
-    assert spec is not None and spec.fn is not None and spec.inputs is not None
-    resolved = {k: (v if k in spec.raw_fields else ctx.resolve(v)) for k, v in raw.items()}
-    return spec.fn(spec.inputs.model_validate(resolved), ctx)
 
 
 # --- node level -----------------------------------------------------------------------------------
