@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,13 +33,21 @@ from saasbench.dag import StepDefect, note
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive
-from saasbench.services.workspace import Entry, PathEscape, Workspace, _join, confine, glob_to_regex  # noqa: F401 - re-exported
+from saasbench.services.workspace import (  # noqa: F401 - re-exported for the primitives' callers
+    MAX_FILES_WALKED,
+    SKIP_DIRS,
+    Entry,
+    PathEscape,
+    Walk,
+    Workspace,
+    _join,
+    confine,
+    glob_to_regex,
+)
 
-MAX_FILES_WALKED = 20_000
 MAX_FILE_BYTES = 2 * 1024 * 1024
 MAX_EVIDENCE_FILES = 5
 MAX_BRACE_EXPANSIONS = 256
-SKIP_DIRS = frozenset({"node_modules", ".git", "dist", "build", "vendor", "__pycache__"})
 _SNIFF_BYTES = 8192
 NO_WORKSPACE = "no workspace: pass --workspace"
 
@@ -62,46 +70,6 @@ def workspace_for(ctx: RunContext) -> Workspace | str:
     if not root.is_dir():
         return f"workspace {str(root)!r} is not a directory"
     return Workspace(root)
-
-
-class _Walk:
-    """Shared budget of one step's directory walks: a file cap and the node deadline."""
-
-    def __init__(self, ctx: RunContext, cap: int | None = None):
-        self.ctx, self.cap = ctx, cap if cap is not None else MAX_FILES_WALKED
-        self.files = 0
-        self.capped = False
-        self.timed_out = False
-
-    def files_under(self, ws: Workspace, start: str, enter: frozenset[str] = frozenset()) -> Iterator[Entry]:
-        """Files under ``start`` (depth first, name order), pruning SKIP_DIRS except those in ``enter``."""
-        stack = [start]
-        while stack:
-            current = stack.pop()
-            children = ws.listdir(current)
-            subdirs = []
-            for entry in children:
-                if entry.kind == "dir":
-                    if entry.name not in SKIP_DIRS or entry.name in enter:
-                        subdirs.append(entry.rel)
-                elif entry.kind == "file":
-                    if self.files >= self.cap:
-                        self.capped = True
-                        return
-                    if self.files % 256 == 0 and self.ctx.remaining() <= 0:
-                        self.timed_out = True
-                        return
-                    self.files += 1
-                    yield entry
-            stack.extend(reversed(subdirs))
-
-    def note_limits(self) -> str:
-        parts = []
-        if self.capped:
-            parts.append(f"stopped after walking {self.cap} files (cap)")
-        if self.timed_out:
-            parts.append("stopped at the node deadline")
-        return "; ".join(parts)
 
 
 def _candidates(path: str | None, any_of: list[str]) -> list[str]:
@@ -401,7 +369,7 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
     if isinstance(ws, str):
         return StepResult(passed=False, message=ws)
     exts = tuple(e if e.startswith(".") else f".{e}" for e in inputs.allowed_exts)
-    walk = _Walk(ctx)
+    walk = Walk(remaining=ctx.remaining, cap=MAX_FILES_WALKED)
     matches: list[dict[str, Any]] = []
     problems: list[str] = []
     scanned = too_large = binary = 0
@@ -458,7 +426,7 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
     evidence: dict[str, Any] = {
         "pattern": inputs.pattern if not inputs.patterns else inputs.groups, "match_type": inputs.match_type,
         "matched": [m["file"] for m in matches],
-        "matches": matches, "files_scanned": scanned, "files_walked": walk.files,
+        "matches": matches, "files_scanned": scanned, "files_walked": walk.walked,
     }
     if too_large or binary:
         evidence["skipped"] = {"larger_than_limit": too_large, "binary": binary}
@@ -557,7 +525,7 @@ def file_count(inputs: P03Inputs, ctx: RunContext) -> StepResult:
     if isinstance(ws, str):
         return StepResult(passed=False, message=ws)
     patterns = expand_braces(inputs.glob.strip())
-    walk = _Walk(ctx)
+    walk = Walk(remaining=ctx.remaining, cap=MAX_FILES_WALKED)
     bases = _candidates(inputs.base_dir, inputs.base_dir_any_of) or ["."]
     per_base: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -611,7 +579,7 @@ def file_count(inputs: P03Inputs, ctx: RunContext) -> StepResult:
     limits = walk.note_limits()
     count = best["count"] if best else 0
     evidence: dict[str, Any] = {"glob": inputs.glob, "patterns": patterns, "min_expected": inputs.min_expected,
-                                "matched": best["matched"] if best else [], "bases": per_base, "files_walked": walk.files}
+                                "matched": best["matched"] if best else [], "bases": per_base, "files_walked": walk.walked}
     if limits:
         evidence["limits"] = limits
     where = f" under {best['base_dir']}" if best and best["base_dir"] != "." else ""

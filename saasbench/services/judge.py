@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from saasbench import failures as _failures
 from saasbench.redaction import redact_text
-from saasbench.services.workspace import glob_to_regex
+from saasbench.services.workspace import Walk, glob_to_regex
 
 # --- the paper's template (Appendix C.2), verbatim -----------------------------------------------
 SYSTEM_TEMPLATE = (
@@ -672,7 +672,7 @@ class FileEntry(Protocol):
 class FileSource(Protocol):
     """Read access to the candidate's files (host folder today, an Environment backend later).
 
-    Paths are workspace-relative posix paths; ``"."`` is the root. ``saasbench.primitives.files.Workspace``
+    Paths are workspace-relative posix paths; ``"."`` is the root. ``saasbench.services.workspace.Workspace``
     implements it.
     """
 
@@ -754,41 +754,26 @@ _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
 class _Walker:
-    """Cached, capped, name-ordered walks of one file source."""
+    """Cached walks of one file source, on the one walk (saasbench.services.workspace.Walk)."""
 
     def __init__(self, fs: FileSource, skip: frozenset[str], remaining: Callable[[], float] | None):
-        self.fs, self.skip, self.remaining = fs, skip, remaining
-        self.walked = 0
-        self.capped = False
-        self.timed_out = False
+        self.fs = fs
+        self.walk = Walk(skip=skip, cap=MAX_WALK_FILES, remaining=remaining)
         self._cache: dict[tuple[str, frozenset[str]], list[FileEntry]] = {}
+
+    @property
+    def capped(self) -> bool:
+        return self.walk.capped
+
+    @property
+    def timed_out(self) -> bool:
+        return self.walk.timed_out
 
     def files(self, start: str, enter: frozenset[str] = frozenset()) -> list[FileEntry]:
         key = (start, enter)
         if key not in self._cache:
-            self._cache[key] = list(self._walk(start, enter))
+            self._cache[key] = list(self.walk.files_under(self.fs, start, enter))
         return self._cache[key]
-
-    def _walk(self, start: str, enter: frozenset[str]) -> Iterable[FileEntry]:
-        stack = [start]
-        while stack:
-            current = stack.pop()
-            subdirs = []
-            for entry in self.fs.listdir(current):
-                name = entry.rel.rsplit("/", 1)[-1]
-                if entry.kind == "dir":
-                    if name not in self.skip or name in enter:
-                        subdirs.append(entry.rel)
-                elif entry.kind == "file":
-                    if self.walked >= MAX_WALK_FILES:
-                        self.capped = True
-                        return
-                    if self.remaining is not None and self.walked % 256 == 0 and self.remaining() <= 0:
-                        self.timed_out = True
-                        return
-                    self.walked += 1
-                    yield entry
-            stack.extend(reversed(subdirs))
 
 
 def _norm_entry(raw: str) -> str:

@@ -12,9 +12,10 @@ import os
 import posixpath
 import re
 import stat as _stat
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 
 class PathEscape(ValueError):
@@ -145,3 +146,63 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
             j += 1
         out += piece + ("" if last else "/")
     return re.compile(out, re.DOTALL)
+
+
+MAX_FILES_WALKED = 20_000
+SKIP_DIRS = frozenset({"node_modules", ".git", "dist", "build", "vendor", "__pycache__"})
+
+
+class Listing(Protocol):
+    """What a walk reads: an entry's workspace-relative path, kind and size (Entry, or a backend's own)."""
+
+    rel: str
+    kind: str
+    size: int
+
+
+class Lister(Protocol):
+    def listdir(self, rel: str) -> Sequence[Listing]: ...
+
+
+class Walk:
+    """The one directory walk (P02/P03 and the judge's evidence): depth first in name order, pruning
+    ``skip`` directories unless a walk names one in ``enter``, not following symlinked directories,
+    with one budget for all the walks of a step: at most ``cap`` files, and a deadline (``remaining``
+    is checked every 256 files)."""
+
+    def __init__(self, *, skip: frozenset[str] = SKIP_DIRS, cap: int = MAX_FILES_WALKED,
+                 remaining: Callable[[], float] | None = None):
+        self.skip, self.cap, self.remaining = skip, cap, remaining
+        self.walked = 0
+        self.capped = False
+        self.timed_out = False
+
+    def files_under(self, fs: Lister, start: str, enter: frozenset[str] = frozenset()) -> Iterator[Any]:
+        """Files under ``start`` of ``fs`` (a :class:`Workspace` or any ``listdir`` source)."""
+        stack = [start]
+        while stack:
+            current = stack.pop()
+            subdirs = []
+            for entry in fs.listdir(current):
+                if entry.kind == "dir":
+                    name = entry.rel.rsplit("/", 1)[-1]
+                    if name not in self.skip or name in enter:
+                        subdirs.append(entry.rel)
+                elif entry.kind == "file":
+                    if self.walked >= self.cap:
+                        self.capped = True
+                        return
+                    if self.remaining is not None and self.walked % 256 == 0 and self.remaining() <= 0:
+                        self.timed_out = True
+                        return
+                    self.walked += 1
+                    yield entry
+            stack.extend(reversed(subdirs))
+
+    def note_limits(self) -> str:
+        parts = []
+        if self.capped:
+            parts.append(f"stopped after walking {self.cap} files (cap)")
+        if self.timed_out:
+            parts.append("stopped at the node deadline")
+        return "; ".join(parts)
