@@ -23,6 +23,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench.dag import PLACEHOLDER_RE, StepDefect, is_annotation, note, warn
+from saasbench.dag.equality import exact_decimal as _decimal
+from saasbench.dag.equality import number as _number
+from saasbench.dag.equality import strict_equal as values_equal
 from saasbench.dag.jsonpath import ABSENT, PathError, parse
 from saasbench.dag.jsonpath import evaluate as path_value
 from saasbench.dag.placeholders import MISSING, UnresolvedPlaceholder, to_text
@@ -588,57 +591,6 @@ def _check_other_path(other: Any, op: str, what: str) -> None:
             parse(other)
         except PathError as exc:
             raise ValueError(f"{op}: {exc}") from exc
-
-
-def _number(value: Any) -> float | Decimal | None:
-    """A number, or a numeric string, as a number; booleans and everything else -> None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float, Decimal)):
-        return value
-    if isinstance(value, str) and value.strip():
-        try:
-            number = Decimal(value.strip())
-        except ArithmeticError:
-            return None
-        return number if number.is_finite() else None
-    return None
-
-
-def _decimal(value: float | Decimal) -> Decimal | None:
-    """Exact decimal of a number (floats via their shortest repr); None for NaN/infinity."""
-    number = value if isinstance(value, Decimal) else Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
-    return number if number.is_finite() else None
-
-
-def values_equal(actual: Any, expected: Any, tolerance: float | None = None) -> bool:
-    """Equality of app data with DAG data.
-
-    null matches null or absent; booleans match booleans only; a number and a numeric string
-    are compared as numbers (DB drivers and some APIs return numerics as strings), within
-    ``tolerance``; strings compare exactly; objects and arrays compare deeply with these rules.
-    """
-    if expected is None:
-        return actual is None or actual is ABSENT
-    if actual is ABSENT:
-        return False
-    if isinstance(expected, bool) or isinstance(actual, bool):
-        return isinstance(expected, bool) and isinstance(actual, bool) and actual == expected
-    if isinstance(expected, (int, float, Decimal)) or isinstance(actual, (int, float, Decimal)):
-        a, e = _number(actual), _number(expected)
-        if a is None or e is None:
-            return False
-        da, de = _decimal(a), _decimal(e)
-        if da is None or de is None:
-            return False
-        return abs(da - de) <= _decimal(float(tolerance or 0))
-    if isinstance(expected, str) or isinstance(actual, str):
-        return isinstance(actual, str) and isinstance(expected, str) and actual == expected
-    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
-        return set(expected) == set(actual) and all(values_equal(actual[k], expected[k], tolerance) for k in expected)
-    if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
-        return len(expected) == len(actual) and all(values_equal(a, e, tolerance) for a, e in zip(actual, expected))
-    return actual == expected
 
 
 def _order(actual: Any, expected: Any) -> tuple[Any, Any] | str:

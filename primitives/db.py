@@ -47,9 +47,7 @@ whose first returned row has an ``id`` (or ``uuid``) sets ``{{_last_created_id}}
 
 from __future__ import annotations
 
-import decimal
 import json
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -58,6 +56,11 @@ from typing import Any
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from saasbench.dag import note, warn
+from saasbench.dag.equality import _NUMBER
+from saasbench.dag.equality import cmp_num as _cmp_num
+from saasbench.dag.equality import loose_equal as values_equal
+from saasbench.dag.equality import numeric as _num
+from saasbench.dag.equality import parse_json as _json
 from saasbench.dag.placeholders import MISSING, UnresolvedPlaceholder, split_path, to_text, walk
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import StepResult
@@ -103,7 +106,6 @@ NUMERIC_OPS = {"eq", "ne", "gt", "gte", "lt", "lte"}
 _SUFFIX_OPS = {"gte": "gte", "gt": "gt", "lte": "lte", "lt": "lt", "ne": "ne", "eq": "eq", "min": "gte", "max": "lte"}
 _SUFFIX_RE = re.compile(r"^(.+)_(gte|gt|lte|lt|ne|eq|min|max)$")
 _CMP_STRING = re.compile(r"^\s*(==|!=|<>|>=|<=|>|<|=)\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*$")
-_NUMBER = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$")
 _MAGIC = re.compile(r"^\{\{\s*(?:(not_null|is_null|not_empty)|(gte|gt|lte|lt|eq|ne)_(-?\d+(?:\.\d+)?))\s*\}\}$")
 _NULL_WORDS = {"not null": "not_null", "is not null": "not_null", "is null": "is_null"}
 _CONDITION = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(==|!=|<>|>=|<=|>|<|=)\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*$")
@@ -177,91 +179,6 @@ def _number(text: str) -> int | float:
     return int(f) if f.is_integer() and "." not in text and "e" not in text.lower() else f
 
 
-# --- value comparison -----------------------------------------------------------------------------
-def _num(v: Any) -> decimal.Decimal | float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int):
-        return decimal.Decimal(v)
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, decimal.Decimal):
-        return v if v.is_finite() else None
-    if isinstance(v, str) and _NUMBER.match(v):
-        return decimal.Decimal(v.strip())
-    return None
-
-
-def _cmp_num(a: Any, b: Any) -> int | None:
-    x, y = _num(a), _num(b)
-    if x is None or y is None:
-        return None
-    if isinstance(x, float) or isinstance(y, float):
-        fx, fy = float(x), float(y)
-        if math.isclose(fx, fy, rel_tol=1e-9, abs_tol=1e-12):
-            return 0
-        return -1 if fx < fy else 1
-    return (x > y) - (x < y)
-
-
-def _bool(v: Any) -> bool | None:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if low in ("true", "t", "yes", "y", "on", "1"):
-            return True
-        if low in ("false", "f", "no", "n", "off", "0"):
-            return False
-    return None
-
-
-def _bool_word_vs_bit(word: Any, bit: Any) -> bool:
-    """``"True"``/``"false"`` against a 0/1 integer (MySQL and SQLite store booleans as 0/1)."""
-    return (isinstance(word, str) and word.strip().lower() in ("true", "false")
-            and isinstance(bit, int) and not isinstance(bit, bool) and bit in (0, 1))
-
-
-def _json(v: Any) -> Any:
-    if isinstance(v, str):
-        try:
-            return json.loads(v)
-        except (json.JSONDecodeError, ValueError):
-            return MISSING
-    return v
-
-
-def values_equal(actual: Any, expected: Any) -> bool:
-    if expected is None:
-        return actual is None
-    if actual is None or actual is MISSING:
-        return False
-    if isinstance(expected, bool) or isinstance(actual, bool) or _bool_word_vs_bit(actual, expected) or _bool_word_vs_bit(expected, actual):
-        a, e = _bool(actual), _bool(expected)
-        return a is not None and e is not None and a == e
-    c = _cmp_num(actual, expected)
-    if c is not None:
-        return c == 0
-    if isinstance(expected, (dict, list)):
-        return _json_equal(_json(actual), expected)
-    if isinstance(actual, (dict, list)):
-        parsed = _json(expected)
-        if parsed is not MISSING and isinstance(parsed, (dict, list)):
-            return _json_equal(actual, parsed)
-        return False
-    return to_text(actual).strip() == to_text(expected).strip()
-
-
-def _json_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
-        return False
-    return values_equal(a, b)
 
 
 def _order(actual: Any, expected: Any) -> int | None:
