@@ -8,8 +8,9 @@ Markers (declared in pyproject.toml, ``--strict-markers``) are set here, from wh
 so no test file has to remember them:
 
 - ``docker``, ``db``, ``s3``: the test uses one of those fixtures;
-- ``prefect``, ``browser``, ``agent_cli``: the module starts a Prefect server, drives Chromium, or
-  runs a real agent CLI (``MODULE_MARKS``);
+- ``prefect``, ``browser``, ``agent_cli``, ``slow``: the module starts a Prefect server, drives
+  Chromium, runs a real agent CLI, or runs whole trials and sweeps (``MODULE_MARKS``); a fixture
+  parametrised over a service marks the items that use it (``PARAM_MARKS``: the S3 lake);
 - ``unit``: none of the above: runs in seconds without system services
   (``bash scripts/test.sh -m unit``).
 """
@@ -32,14 +33,22 @@ MODULE_MARKS = {
     "test_auth_html_csrf": ("browser",), "test_browser_dialects": ("browser",), "test_primitives_browser": ("browser",),
     "test_report_html": ("browser",),
     "test_agent_adapters": ("agent_cli",), "test_gateway": ("agent_cli",),
+    # whole trials, sweeps, reference runs or receivers that wait out negative timeouts (measured: 5-70 s a module)
+    "test_conformance_run": ("slow",), "test_sweep": ("slow",), "test_timetrack_task": ("slow",),
+    "test_validate_reference": ("slow",), "test_agent_builtin": ("slow",), "test_rollout": ("slow",),
+    "test_primitives_integrations": ("slow",),
 }
-SERVICE_MARKS = {"docker", "db", "s3", "prefect", "browser", "agent_cli"}
+# fixtures parametrised over a service: the parameter value that needs it
+PARAM_MARKS = {("lake", "s3"): "s3"}
+SERVICE_MARKS = {"docker", "db", "s3", "prefect", "browser", "agent_cli", "slow"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         wanted = {FIXTURE_MARKS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_MARKS}
         wanted |= set(MODULE_MARKS.get(item.module.__name__ if item.module else "", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        wanted |= {mark for (name, value), mark in PARAM_MARKS.items() if params.get(name) == value}
         wanted |= {m.name for m in item.iter_markers() if m.name in SERVICE_MARKS}
         for name in sorted(wanted):
             item.add_marker(name)
