@@ -457,6 +457,14 @@ def expand_assertion(raw: Any) -> list[Any]:
     return [{k: v for k, v in raw.items() if k not in keys or k == key} for key in keys]
 
 
+# Keys that carry an operator's operand under another name: key -> (the operator it belongs to, how
+# messages name it, the normalisation note). Beside another operator such a key is a DAG defect.
+_COMPANION_KEYS: dict[str, tuple[str, str, str]] = {
+    "alt_check": ("exists_or", "exists_or", "exists_or with alt_check -> expected (the alternative path)"),
+    "match": ("array_find", "array_find/array_contains", "array_find/array_contains 'match' -> expected"),
+}
+
+
 def _check_dialect_op(a: dict[str, Any], op: str) -> None:
     """Load-time checks of the public-DAG operators and their companion keys."""
     if op in LENGTH_OPS or op in ("all_gt", "all_gte", "all_lt", "all_lte"):
@@ -467,22 +475,17 @@ def _check_dialect_op(a: dict[str, Any], op: str) -> None:
         raise ValueError(f"operator {op!r} needs a string in 'expected'")
     if op == "equals_path":
         _check_other_path(a.get("expected"), "eq_path", "the other path in 'expected'")
-    if "alt_check" in a:
-        if op != "exists_or":
-            warn("assertion key 'alt_check' without operator exists_or (ignored; a DAG defect)")
-            a.pop("alt_check")
+    for key, (owner, owner_text, moved) in _COMPANION_KEYS.items():
+        if key not in a:
+            continue
+        if op != owner:
+            warn(f"assertion key {key!r} without operator {owner_text} (ignored; a DAG defect)")
+            a.pop(key)
         else:
-            a["expected"] = a.pop("alt_check")
-            note("exists_or with alt_check -> expected (the alternative path)")
+            a["expected"] = a.pop(key)
+            note(moved)
     if op == "exists_or":
         _check_other_path(a.get("expected"), "exists_or", "the alternative path in 'alt_check'")
-    if "match" in a:
-        if op != "array_find":
-            warn("assertion key 'match' without operator array_find/array_contains (ignored; a DAG defect)")
-            a.pop("match")
-        else:
-            a["expected"] = a.pop("match")
-            note("array_find/array_contains 'match' -> expected")
     if op == "array_find" and not isinstance(a.get("expected"), dict):
         raise ValueError("operator 'array_find'/'array_contains' needs a 'match' object {field: value}")
     if "capture_field" in a and op != "array_find":

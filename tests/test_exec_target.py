@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from localhttp import serve_http
 from typer.testing import CliRunner
 
 from saasbench.catalog.tasks import TaskError, load_task
@@ -56,15 +56,8 @@ class _Ok(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def base_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve_http(_Ok) as url:
+        yield url
 
 
 def evaluate(tmp_path: Path, base_url: str, nodes: list[dict[str, Any]], *extra: Any, env: dict[str, str] | None = None):

@@ -10,14 +10,14 @@ construct is the one of the task's own reference harness (docs/dag-semantics.md)
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dialects import clean, kinds, load, run
+from localhttp import serve_http
 
 from saasbench.evaluation.context import RunContext, RunOptions, Target
 from saasbench.evaluation.results import StepResult
@@ -428,14 +428,8 @@ class _Statuses(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def status_app() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Statuses)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Statuses) as url:
+        yield url
 
 
 def test_p14_not_denied_loads() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from dialects import clean, kinds, load, run
+from localhttp import serve_http
 from pydantic import model_validator
 
 from saasbench.dag import DagLoadError, LoadResult, StepDefect, load_dag_data
@@ -433,12 +434,8 @@ def site() -> Iterator[str]:
             self.end_headers()
             self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serve_http(Handler) as url:
+        yield url
 
 
 def _page_ctx(site: str, tmp_path: Path) -> RunContext:

@@ -6,11 +6,11 @@ import http.server
 import json
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from localhttp import serve_http
 from shared_data import PUBLIC_TASKS_DIR
 from typer import Typer
 from typer.testing import CliRunner
@@ -66,14 +66,8 @@ def dataset_host(tmp_path: Path) -> Iterator[tuple[str, list[dict]]]:
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(Handler) as url:
+        yield url, seen
 
 
 def test_fetch_imports_downloads_and_reports(tmp_path, public_repo, dataset_host, monkeypatch) -> None:
