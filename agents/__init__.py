@@ -20,8 +20,18 @@ from saasbench.agents.base import (
     stage_task_inputs,
 )
 
-__all__ = ["Agent", "AgentNotFound", "Budget", "Trajectory", "TrajectoryEvent", "build_prompt", "get_agent", "list_agents",
-           "register_agent", "stage_task_inputs"]
+__all__ = [
+    "Agent",
+    "AgentNotFound",
+    "Budget",
+    "Trajectory",
+    "TrajectoryEvent",
+    "build_prompt",
+    "get_agent",
+    "list_agents",
+    "register_agent",
+    "stage_task_inputs",
+]
 
 # Registers the ``builtin`` agent (imported after ``base``; litellm itself is imported lazily on the first model call).
 from saasbench.agents import builtin as _builtin  # noqa: F401

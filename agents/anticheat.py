@@ -108,49 +108,163 @@ SHELL_EVENT_KINDS = frozenset({"tool_call", "command"})
 #   OpenHands    file_editor / str_replace_editor(command create|str_replace|insert, path, file_text|new_str)
 #   Codex        file_change(changes[].path, kind[, diff]): the --json stream carries no content;
 #                apply_patch(input: "*** Begin Patch ..." text)
-FILE_TOOLS = frozenset({"write_file", "edit_file", "create_file", "str_replace", "file_write", "write", "edit", "multiedit",
-                        "notebookedit", "file_editor", "str_replace_editor", "file_change", "apply_patch"})
+FILE_TOOLS = frozenset(
+    {
+        "write_file",
+        "edit_file",
+        "create_file",
+        "str_replace",
+        "file_write",
+        "write",
+        "edit",
+        "multiedit",
+        "notebookedit",
+        "file_editor",
+        "str_replace_editor",
+        "file_change",
+        "apply_patch",
+    }
+)
 # Files that run when a build/package tool runs, not by their own name.
 _RUN_BY_TOOL = {
     "make": ("Makefile", "makefile", "GNUmakefile"),
-    "npm": ("package.json",), "yarn": ("package.json",), "pnpm": ("package.json",), "bun": ("package.json",),
+    "npm": ("package.json",),
+    "yarn": ("package.json",),
+    "pnpm": ("package.json",),
+    "bun": ("package.json",),
     "docker-compose": ("docker-compose.yml", "docker-compose.yaml", "compose.yml", "compose.yaml", "Dockerfile"),
-    "pip": ("setup.py",), "pip3": ("setup.py",),
+    "pip": ("setup.py",),
+    "pip3": ("setup.py",),
 }
 _SCRIPT_EXT = re.compile(r"\.(?:sh|bash|zsh|ksh|py|pyw|js|mjs|cjs|ts|mts|rb|pl|php|ps1|bat|cmd|lua|r)$", re.IGNORECASE)
 _SCRIPT_NAMES = frozenset(n for names in _RUN_BY_TOOL.values() for n in names) | {"Dockerfile", "Procfile", "Rakefile"}
 
-DEFAULT_ALLOWED_HOSTS = frozenset({
-    "nodejs.org", "www.python.org", "python.org", "go.dev", "golang.org", "dl.google.com", "static.rust-lang.org",
-    "sh.rustup.rs", "deb.nodesource.com", "rpm.nodesource.com", "registry.npmjs.org", "registry.yarnpkg.com",
-    "files.pythonhosted.org", "pypi.org", "bootstrap.pypa.io", "repo.maven.apache.org", "download.docker.com",
-    "get.docker.com", "dl-cdn.alpinelinux.org", "deb.debian.org", "archive.ubuntu.com", "security.ubuntu.com",
-    "github.com/nvm-sh", "unofficial-builds.nodejs.org",
-})
-DEFAULT_ALLOWED_IMAGES = frozenset({
-    "python", "node", "postgres", "mysql", "mariadb", "redis", "mongo", "ubuntu", "debian", "alpine", "busybox", "nginx",
-    "golang", "rust", "openjdk", "eclipse-temurin", "ruby", "php", "composer", "memcached", "rabbitmq", "minio/minio",
-    "mailhog/mailhog", "axllent/mailpit", "elasticsearch", "opensearchproject/opensearch", "bitnami/kafka",
-})
+DEFAULT_ALLOWED_HOSTS = frozenset(
+    {
+        "nodejs.org",
+        "www.python.org",
+        "python.org",
+        "go.dev",
+        "golang.org",
+        "dl.google.com",
+        "static.rust-lang.org",
+        "sh.rustup.rs",
+        "deb.nodesource.com",
+        "rpm.nodesource.com",
+        "registry.npmjs.org",
+        "registry.yarnpkg.com",
+        "files.pythonhosted.org",
+        "pypi.org",
+        "bootstrap.pypa.io",
+        "repo.maven.apache.org",
+        "download.docker.com",
+        "get.docker.com",
+        "dl-cdn.alpinelinux.org",
+        "deb.debian.org",
+        "archive.ubuntu.com",
+        "security.ubuntu.com",
+        "github.com/nvm-sh",
+        "unofficial-builds.nodejs.org",
+    }
+)
+DEFAULT_ALLOWED_IMAGES = frozenset(
+    {
+        "python",
+        "node",
+        "postgres",
+        "mysql",
+        "mariadb",
+        "redis",
+        "mongo",
+        "ubuntu",
+        "debian",
+        "alpine",
+        "busybox",
+        "nginx",
+        "golang",
+        "rust",
+        "openjdk",
+        "eclipse-temurin",
+        "ruby",
+        "php",
+        "composer",
+        "memcached",
+        "rabbitmq",
+        "minio/minio",
+        "mailhog/mailhog",
+        "axllent/mailpit",
+        "elasticsearch",
+        "opensearchproject/opensearch",
+        "bitnami/kafka",
+    }
+)
 
 _SEGMENT_SPLIT = re.compile(r"&&|\|\||[;\n|]")
 _URL = re.compile(r"""(?:https?|ftp)://[^\s'"<>`|;)\\]+""")
-_GIT = re.compile(r"\bgit\s+(?:(?:-C|-c|--git-dir|--work-tree)\s+\S+\s+|--[\w-]+(?:=\S+)?\s+)*"
-                  r"(clone|submodule\s+add|fetch|pull|remote\s+add)\b([^\n;&|]*)")
+_GIT = re.compile(
+    r"\bgit\s+(?:(?:-C|-c|--git-dir|--work-tree)\s+\S+\s+|--[\w-]+(?:=\S+)?\s+)*"
+    r"(clone|submodule\s+add|fetch|pull|remote\s+add)\b([^\n;&|]*)"
+)
 _GH_CLONE = re.compile(r"\bgh\s+repo\s+(clone|fork)\b([^\n;&|]*)")
 _SVN_HG = re.compile(r"\b(svn\s+(?:checkout|co|export)|hg\s+clone)\b([^\n;&|]*)")
-_DOWNLOADER = re.compile(r"\b(?:(?:curl|wget|aria2c|urllib|urlretrieve|urlopen|requests\.get|httpx\.get|Invoke-WebRequest|iwr)\b"
-                         r"|fetch\()", re.IGNORECASE)
-_DOCKER_VALUE_FLAGS = frozenset({
-    "-p", "--publish", "-e", "--env", "--env-file", "-v", "--volume", "--mount", "--name", "--network", "--net", "-w",
-    "--workdir", "-u", "--user", "--entrypoint", "--platform", "-m", "--memory", "--cpus", "-l", "--label", "-h",
-    "--hostname", "--restart", "--add-host", "--dns", "--ulimit", "--shm-size", "--pull", "--log-driver", "--gpus",
-    "--cidfile", "--device", "--expose", "--health-cmd", "--ip", "--link", "--tmpfs", "--stop-signal", "-a", "--attach"})
+_DOWNLOADER = re.compile(
+    r"\b(?:(?:curl|wget|aria2c|urllib|urlretrieve|urlopen|requests\.get|httpx\.get|Invoke-WebRequest|iwr)\b"
+    r"|fetch\()",
+    re.IGNORECASE,
+)
+_DOCKER_VALUE_FLAGS = frozenset(
+    {
+        "-p",
+        "--publish",
+        "-e",
+        "--env",
+        "--env-file",
+        "-v",
+        "--volume",
+        "--mount",
+        "--name",
+        "--network",
+        "--net",
+        "-w",
+        "--workdir",
+        "-u",
+        "--user",
+        "--entrypoint",
+        "--platform",
+        "-m",
+        "--memory",
+        "--cpus",
+        "-l",
+        "--label",
+        "-h",
+        "--hostname",
+        "--restart",
+        "--add-host",
+        "--dns",
+        "--ulimit",
+        "--shm-size",
+        "--pull",
+        "--log-driver",
+        "--gpus",
+        "--cidfile",
+        "--device",
+        "--expose",
+        "--health-cmd",
+        "--ip",
+        "--link",
+        "--tmpfs",
+        "--stop-signal",
+        "-a",
+        "--attach",
+    }
+)
 _DOCKER_EXTRACT = re.compile(r"\bdocker\s+(cp\s+\S+:\S*|export\b|save\b|image\s+save\b|container\s+export\b)")
 _PIP_DOWNLOAD = re.compile(r"\bpip3?\s+download\b[^\n;&|]*")
 _NPM_PACK = re.compile(r"\bnpm\s+pack\b[^\n;&|]*")
 _PIP_GIT = re.compile(r"\bpip3?\s+install\b[^\n;&|]*\bgit\+\S+")
-_NPM_GIT = re.compile(r"\b(?:npm|yarn|pnpm)\s+(?:install|i|add)\b[^\n;&|]*\s(?:github:|git\+|git://|https://github\.com/)\S*")
+_NPM_GIT = re.compile(
+    r"\b(?:npm|yarn|pnpm)\s+(?:install|i|add)\b[^\n;&|]*\s(?:github:|git\+|git://|https://github\.com/)\S*"
+)
 _ARCHIVE_EXT = re.compile(r"\.(?:tar\.gz|tgz|tar\.bz2|tbz2?|tar\.xz|txz|tar\.zst|tar|zip|7z|rar)$", re.IGNORECASE)
 _ARGV_JOIN = re.compile(r"""(?<=[\w.-])['"]\s*,\s*['"](?=[\w.:/-])""")
 _REMOTE_GIT_TARGET = re.compile(r"(?:[a-z][a-z0-9+.-]*://|git@[\w.-]+:|\S+\.git\b)", re.IGNORECASE)
@@ -174,7 +288,11 @@ class Finding:
 def _event_fields(event: Any) -> tuple[str, str, dict[str, Any]]:
     if isinstance(event, Mapping):
         return str(event.get("kind", "")), str(event.get("message", "") or ""), dict(event.get("data") or {})
-    return str(getattr(event, "kind", "")), str(getattr(event, "message", "") or ""), dict(getattr(event, "data", None) or {})
+    return (
+        str(getattr(event, "kind", "")),
+        str(getattr(event, "message", "") or ""),
+        dict(getattr(event, "data", None) or {}),
+    )
 
 
 def shell_commands(trajectory: Any) -> list[tuple[int, str]]:
@@ -268,7 +386,9 @@ def _call_writes(index: int, tool: str, args: Mapping[str, Any]) -> list[FileWri
         for change in args.get("changes") or []:
             if not isinstance(change, Mapping) or change.get("kind") == "delete" or not change.get("path"):
                 continue
-            diff = next((change[k] for k in ("diff", "unified_diff", "content") if isinstance(change.get(k), str)), None)
+            diff = next(
+                (change[k] for k in ("diff", "unified_diff", "content") if isinstance(change.get(k), str)), None
+            )
             text = (_diff_added(diff) if change.get("content") is None else diff) if diff else None
             out.append(FileWrite(index, str(change["path"]), text, change.get("kind") == "add", tool))
         return out
@@ -289,7 +409,7 @@ _TEE_TO_FILE = re.compile(r"\btee\s+(?:-a\s+|--append\s+)?['\"]?([^\s;&|<>'\"]+)
 def _heredoc_target(line: str) -> str | None:
     """The file a heredoc on ``line`` is written to (``cat >``/``tee``), or None when it is fed to a program."""
     tee = _TEE_TO_FILE.search(line)
-    if tee and "|" not in line[tee.end():]:
+    if tee and "|" not in line[tee.end() :]:
         return tee.group(1)
     cat = _CAT_TO_FILE.search(line)
     if cat and "|" not in line:
@@ -319,7 +439,7 @@ def split_shell_writes(cmd: str, index: int = 0) -> tuple[str, list[FileWrite]]:
             if end.strip().rstrip("'\")") == delim:
                 break
             j += 1
-        body = "\n".join(lines[i + 1:j])
+        body = "\n".join(lines[i + 1 : j])
         if re.search(r"\bapply_patch\b", line) or body.lstrip().startswith("*** Begin Patch"):
             writes += _patch_writes(index, body, "apply_patch")
             code.append(line)
@@ -327,7 +447,7 @@ def split_shell_writes(cmd: str, index: int = 0) -> tuple[str, list[FileWrite]]:
             writes.append(FileWrite(index, target, body, ">>" not in line, "heredoc"))
             code.append(line)
         else:
-            code.extend(lines[i:j + 1])
+            code.extend(lines[i : j + 1])
             i = j + 1
             continue
         if j < len(lines):
@@ -360,10 +480,35 @@ def written_files(trajectory: Any) -> list[tuple[int, str, str]]:
 
 # --- which files a shell command runs ---------------------------------------------------------------------
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "ash", "fish"})
-_INTERPRETER = re.compile(r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|deno|bun|ruby|perl|php|tsx|ts-node|lua|Rscript|pwsh|"
-                          r"powershell|source|\.)$")
-_WRAPPERS = frozenset({"sudo", "env", "time", "nohup", "exec", "command", "nice", "stdbuf", "setsid", "xargs", "strace",
-                       "uv", "poetry", "pipenv", "npx", "pnpx", "bunx", "run", "gosu", "su-exec", "timeout"})
+_INTERPRETER = re.compile(
+    r"^(?:python[\d.]*|pypy[\d.]*|node|nodejs|deno|bun|ruby|perl|php|tsx|ts-node|lua|Rscript|pwsh|"
+    r"powershell|source|\.)$"
+)
+_WRAPPERS = frozenset(
+    {
+        "sudo",
+        "env",
+        "time",
+        "nohup",
+        "exec",
+        "command",
+        "nice",
+        "stdbuf",
+        "setsid",
+        "xargs",
+        "strace",
+        "uv",
+        "poetry",
+        "pipenv",
+        "npx",
+        "pnpx",
+        "bunx",
+        "run",
+        "gosu",
+        "su-exec",
+        "timeout",
+    }
+)
 _INLINE_FLAGS = frozenset({"-c", "-e", "--eval", "-p", "--print", "-r", "--command", "-Command"})
 
 
@@ -412,7 +557,7 @@ def executed_names(cmd: str, _depth: int = 0) -> set[str]:
                 break
         if i >= len(tokens):
             continue
-        head, rest = os.path.basename(tokens[i]), tokens[i + 1:]
+        head, rest = os.path.basename(tokens[i]), tokens[i + 1 :]
         names.add(head)  # a file run by its own path (./setup.sh, /app/bin/fetch)
         if head in _SHELLS or _INTERPRETER.match(head):
             for j, arg in enumerate(rest):
@@ -431,8 +576,9 @@ def executed_names(cmd: str, _depth: int = 0) -> set[str]:
                 break
         elif head == "docker" and rest[:1] in (["build"], ["compose"], ["buildx"]):
             names.update(_RUN_BY_TOOL["docker-compose"])
-        elif head in _RUN_BY_TOOL and (head not in ("pip", "pip3") or (rest[:1] == ["install"] and
-                                                                       any(a in (".", "./") for a in rest))):
+        elif head in _RUN_BY_TOOL and (
+            head not in ("pip", "pip3") or (rest[:1] == ["install"] and any(a in (".", "./") for a in rest))
+        ):
             names.update(_RUN_BY_TOOL[head])
         for j, arg in enumerate(rest[:-1]):  # make -f FILE, docker build -f FILE
             if arg in ("-f", "--file") and head in ("make", "docker", "docker-compose"):
@@ -512,13 +658,19 @@ def _docker_images(cmd: str) -> list[tuple[str, str, str]]:
                 flag = tokens[j]
                 j += 2 if (flag in _DOCKER_VALUE_FLAGS and "=" not in flag) else 1
             if j < len(tokens):
-                out.append((verb, tokens[j], " ".join(tokens[i:j + 1])))
+                out.append((verb, tokens[j], " ".join(tokens[i : j + 1])))
     return out
 
 
-def scan_command(cmd: str, index: int | None = None, *, source: str = "shell",
-                 allowed_hosts: Iterable[str] = DEFAULT_ALLOWED_HOSTS, allowed_images: Iterable[str] = DEFAULT_ALLOWED_IMAGES,
-                 state: dict[str, Any] | None = None) -> list[Finding]:
+def scan_command(
+    cmd: str,
+    index: int | None = None,
+    *,
+    source: str = "shell",
+    allowed_hosts: Iterable[str] = DEFAULT_ALLOWED_HOSTS,
+    allowed_images: Iterable[str] = DEFAULT_ALLOWED_IMAGES,
+    state: dict[str, Any] | None = None,
+) -> list[Finding]:
     """Findings in one shell command (``state`` carries git remotes / pulled images across commands)."""
     state = state if state is not None else {}
     remotes: set[str] = state.setdefault("remotes", set())
@@ -535,7 +687,12 @@ def scan_command(cmd: str, index: int | None = None, *, source: str = "shell",
         verb, rest = re.sub(r"\s+", " ", m.group(1)), m.group(2)
         remote_target = _REMOTE_GIT_TARGET.search(rest)
         if verb == "clone":
-            add("git_clone", "void" if remote_target else "warn", m.group(0), target=remote_target.group(0) if remote_target else rest.strip())
+            add(
+                "git_clone",
+                "void" if remote_target else "warn",
+                m.group(0),
+                target=remote_target.group(0) if remote_target else rest.strip(),
+            )
         elif verb == "submodule add":
             add("git_submodule_add", "void", m.group(0))
         elif verb == "remote add":
@@ -561,8 +718,12 @@ def scan_command(cmd: str, index: int | None = None, *, source: str = "shell",
     for m in _DOCKER_EXTRACT.finditer(cmd):
         if foreign_images:
             add("image_extraction", "void", m.group(0), images=sorted(foreign_images))
-    for rx, rule in ((_PIP_DOWNLOAD, "pip_download"), (_NPM_PACK, "npm_pack"), (_PIP_GIT, "pip_install_git"),
-                     (_NPM_GIT, "npm_install_git")):
+    for rx, rule in (
+        (_PIP_DOWNLOAD, "pip_download"),
+        (_NPM_PACK, "npm_pack"),
+        (_PIP_GIT, "pip_install_git"),
+        (_NPM_GIT, "npm_install_git"),
+    ):
         for m in rx.finditer(cmd):
             add(rule, "warn", m.group(0))
     return found
@@ -596,16 +757,30 @@ def _access_findings(trajectory: Any, forbidden_paths: Iterable[str]) -> list[Fi
         for rx in pats:
             m = rx.search(text)
             if m:
-                out.append(Finding("evaluator_access", "void", i, text[:2000], text[max(0, m.start() - 100):m.end() + 100],
-                                   "shell" if str(data.get("tool", "")).lower() in SHELL_TOOLS else f"tool:{data.get('tool')}",
-                                   {"path": m.group(0)}))
+                out.append(
+                    Finding(
+                        "evaluator_access",
+                        "void",
+                        i,
+                        text[:2000],
+                        text[max(0, m.start() - 100) : m.end() + 100],
+                        "shell" if str(data.get("tool", "")).lower() in SHELL_TOOLS else f"tool:{data.get('tool')}",
+                        {"path": m.group(0)},
+                    )
+                )
                 break
     return out
 
 
-def scan_trajectory(trajectory: Any, *, include_files: bool = True, read_file: Callable[[str], str | None] | None = None,
-                    forbidden_paths: Iterable[str] = (), allowed_hosts: Iterable[str] = DEFAULT_ALLOWED_HOSTS,
-                    allowed_images: Iterable[str] = DEFAULT_ALLOWED_IMAGES) -> list[Finding]:
+def scan_trajectory(
+    trajectory: Any,
+    *,
+    include_files: bool = True,
+    read_file: Callable[[str], str | None] | None = None,
+    forbidden_paths: Iterable[str] = (),
+    allowed_hosts: Iterable[str] = DEFAULT_ALLOWED_HOSTS,
+    allowed_images: Iterable[str] = DEFAULT_ALLOWED_IMAGES,
+) -> list[Finding]:
     """Every finding in a trajectory (see the module docstring for the rules).
 
     Shell commands are scanned whole, except the bodies of heredocs that only write a file. Written
@@ -631,11 +806,18 @@ def scan_trajectory(trajectory: Any, *, include_files: bool = True, read_file: C
     verified: set[str] = set()
     for n, w in enumerate(writes):
         # the content of this write is in effect until the next full write of the same file
-        until = next((v.index for v in writes[n + 1:] if v.full and v.name == w.name and v.index > w.index), None)
-        run_at = next((i for i, names in runs if i >= w.index and (until is None or i < until) and w.name in names), None)
+        until = next((v.index for v in writes[n + 1 :] if v.full and v.name == w.name and v.index > w.index), None)
+        run_at = next(
+            (i for i, names in runs if i >= w.index and (until is None or i < until) and w.name in names), None
+        )
         text = w.text
         source = f"file:{w.path}"
-        if run_at is not None and read_file is not None and (text is None or _CAPPED.search(text)) and w.path not in verified:
+        if (
+            run_at is not None
+            and read_file is not None
+            and (text is None or _CAPPED.search(text))
+            and w.path not in verified
+        ):
             verified.add(w.path)
             try:
                 text, source = read_file(w.path), f"workspace:{w.path}"
@@ -675,7 +857,9 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def hash_paths(paths: Iterable[str | os.PathLike[str]], root: str | os.PathLike[str] | None = None) -> dict[str, str | None]:
+def hash_paths(
+    paths: Iterable[str | os.PathLike[str]], root: str | os.PathLike[str] | None = None
+) -> dict[str, str | None]:
     """path -> sha256 of each file (folders are walked, files in sorted order); None for a missing path.
 
     Relative paths are taken under ``root`` (keys stay as given, folder members as ``folder/rel``).
@@ -701,8 +885,13 @@ def hash_paths(paths: Iterable[str | os.PathLike[str]], root: str | os.PathLike[
     return out
 
 
-def integrity_findings(before: Mapping[str, str | None], after: Mapping[str, str | None], *, severity: str = "void",
-                       rule: str = "evaluator_modified") -> list[Finding]:
+def integrity_findings(
+    before: Mapping[str, str | None],
+    after: Mapping[str, str | None],
+    *,
+    severity: str = "void",
+    rule: str = "evaluator_modified",
+) -> list[Finding]:
     """A finding (``rule``, ``severity``) per path created, deleted or modified between two :func:`hash_paths`;
     ``detail`` has the path, the change and both hashes."""
     findings = []
@@ -710,6 +899,15 @@ def integrity_findings(before: Mapping[str, str | None], after: Mapping[str, str
         old, new = before.get(key), after.get(key)
         if old != new:
             what = "created" if old is None else "deleted" if new is None else "modified"
-            findings.append(Finding(rule, severity, None, "", f"{key} {what}", "integrity",
-                                    {"path": key, "change": what, "before": old, "after": new}))
+            findings.append(
+                Finding(
+                    rule,
+                    severity,
+                    None,
+                    "",
+                    f"{key} {what}",
+                    "integrity",
+                    {"path": key, "change": what, "before": old, "after": new},
+                )
+            )
     return findings

@@ -202,8 +202,10 @@ def _database_line(task: Task, env: Environment) -> str:
         return ""
     if db.engine.lower() in ("sqlite", "sqlite3"):
         path = env.service_env().get("DATABASE_PATH", db.path or "")
-        return (f"Database (SQLite{' ' + db.version if db.version else ''}, a file): use the path in $DATABASE_PATH "
-                f"(currently {path}); create it if it does not exist.")
+        return (
+            f"Database (SQLite{' ' + db.version if db.version else ''}, a file): use the path in $DATABASE_PATH "
+            f"(currently {path}); create it if it does not exist."
+        )
     parts = [f"host {task.spec.environment.get('db_host', 'db')}"]
     for label, value in (("port", db.port), ("database", db.name), ("username", db.user), ("password", db.password)):
         if value not in (None, ""):
@@ -234,18 +236,24 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
 
     if env.kind == "local":
         where = "environment"
-        env_text = (f"Environment. You work on a prepared machine in the folder {ws} (the working directory, currently "
-                    f"empty apart from the requirements files). Run commands with your shell tool from that folder.")
+        env_text = (
+            f"Environment. You work on a prepared machine in the folder {ws} (the working directory, currently "
+            f"empty apart from the requirements files). Run commands with your shell tool from that folder."
+        )
     else:
         where = "Docker environment"
         # the trial's real container name (per trial); the name the public prompt gives is another machine's
         container = getattr(env, "container_name", None) or extra.get("container") or "app"
-        env_text = ("Environment. The Docker environment is already up and running — you do not need to pull images or "
-                    f"start containers. You work inside the container {container}, with {ws} as the working directory "
-                    f"(currently empty). Run commands inside the container like this: docker exec {container} bash -c "
-                    '"your command".')
-    role = (f"You are a senior full-stack engineer. Your task is to build a complete {product} from scratch inside an "
-            f"already-running {where}.")
+        env_text = (
+            "Environment. The Docker environment is already up and running — you do not need to pull images or "
+            f"start containers. You work inside the container {container}, with {ws} as the working directory "
+            f"(currently empty). Run commands inside the container like this: docker exec {container} bash -c "
+            '"your command".'
+        )
+    role = (
+        f"You are a senior full-stack engineer. Your task is to build a complete {product} from scratch inside an "
+        f"already-running {where}."
+    )
     lines = [role, "", env_text]
     tools = _as_list(extra.get("tools"))
     if tools:
@@ -257,19 +265,27 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
     lines.append(f"The application MUST listen on port {port}.")
     users = spec.auth.users if spec.auth is not None else {}
     if users:
-        described = "; ".join(f"{role}: " + ", ".join(f"{k} {v}" for k, v in fields.items() if k in ("username", "email", "password"))
-                              for role, fields in users.items())
-        users_text = f"create the following evaluation user{'s' if len(users) > 1 else ''} ({', '.join(users)}): {described}"
+        described = "; ".join(
+            f"{role}: " + ", ".join(f"{k} {v}" for k, v in fields.items() if k in ("username", "email", "password"))
+            for role, fields in users.items()
+        )
+        users_text = (
+            f"create the following evaluation user{'s' if len(users) > 1 else ''} ({', '.join(users)}): {described}"
+        )
     else:
         users_text = "create the evaluation users with the credentials specified in the PRD"
     start = spec.app.start_command
     if start:
-        serve = (f"provide `{start}` in the working directory: the harness runs it there after you finish, with $PORT "
-                 f"({port}) and $DATABASE_PATH set, and it must start the application server listening on 0.0.0.0:$PORT")
+        serve = (
+            f"provide `{start}` in the working directory: the harness runs it there after you finish, with $PORT "
+            f"({port}) and $DATABASE_PATH set, and it must start the application server listening on 0.0.0.0:$PORT"
+        )
     else:
         serve = f"start the application server, listening on 0.0.0.0:{port}"
-    todo = (f"What you need to do: (1) create a complete {stack + ' ' if stack else ''}project inside {ws}; "
-            f"(2) install dependencies; (3) run database migrations; (4) {users_text}; (5) {serve}.")
+    todo = (
+        f"What you need to do: (1) create a complete {stack + ' ' if stack else ''}project inside {ws}; "
+        f"(2) install dependencies; (3) run database migrations; (4) {users_text}; (5) {serve}."
+    )
     lines += ["", todo]
     reqs = _as_list(extra.get("requirements"))
     if env.kind != "local" and extra.get("container") and extra["container"] != container:

@@ -82,37 +82,71 @@ EVENT_ARG_LIMIT = 16 * 1024  # characters of one tool argument kept in events (f
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "shell",
-        "description": "Run a bash command in the workspace (the working directory). Returns the exit code, stdout and "
-                       "stderr (long output is truncated). Background processes are killed when the command returns.",
-        "parameters": {"type": "object", "properties": {
-            "command": {"type": "string", "description": "The bash command"},
-            "timeout": {"type": "number", "description": "Seconds before the command is killed (capped by the harness)"}},
-            "required": ["command"]}}},
-    {"type": "function", "function": {
-        "name": "read_file",
-        "description": "Read a text file of the workspace (path relative to it). Long files are truncated.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "write_file",
-        "description": "Create or replace a workspace file with the given content (parent folders are created).",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-                       "required": ["path", "content"]}}},
-    {"type": "function", "function": {
-        "name": "edit_file",
-        "description": "Replace the text `old` (which must occur exactly once) by `new` in a workspace file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"},
-                                                         "new": {"type": "string"}},
-                       "required": ["path", "old", "new"]}}},
-    {"type": "function", "function": {
-        "name": "finish",
-        "description": "Declare the task done. The harness then starts the app with its start command and evaluates it.",
-        "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "shell",
+            "description": "Run a bash command in the workspace (the working directory). Returns the exit code, stdout and "
+            "stderr (long output is truncated). Background processes are killed when the command returns.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The bash command"},
+                    "timeout": {
+                        "type": "number",
+                        "description": "Seconds before the command is killed (capped by the harness)",
+                    },
+                },
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file of the workspace (path relative to it). Long files are truncated.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "write_file",
+            "description": "Create or replace a workspace file with the given content (parent folders are created).",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                "required": ["path", "content"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit_file",
+            "description": "Replace the text `old` (which must occur exactly once) by `new` in a workspace file.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+                "required": ["path", "old", "new"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "finish",
+            "description": "Declare the task done. The harness then starts the app with its start command and evaluates it.",
+            "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]},
+        },
+    },
 ]
 
-NUDGE = ("You replied without calling a tool. Continue the task with the tools (shell, read_file, write_file, "
-         "edit_file); call finish(summary) when the application is complete.")
+NUDGE = (
+    "You replied without calling a tool. Continue the task with the tools (shell, read_file, write_file, "
+    "edit_file); call finish(summary) when the application is complete."
+)
 
 
 class _Stop(Exception):
@@ -144,17 +178,29 @@ def cap_text(text: str, limit: int) -> str:
 @register_agent("builtin")
 class BuiltinAgent(Agent):
     """A tool-using loop on litellm (shell, read/write/edit file, finish) for any model, with budgets."""
+
     version = "1"
     #: A :class:`saasbench.runs.gateway.TrialGateway` (set by ``Gateway.attach``): then every call goes to the
     #: gateway's OpenAI-compatible ``/v1`` as ``openai/<model>`` with the trial's virtual key, and the
     #: agent does not retry itself (the gateway retried already).
     gateway: Any = None
 
-    def __init__(self, model: str | None = None, *, api_base: str | None = None, api_key_env: str | None = None,
-                 retries: int = 5, backoff_base_s: float | None = None, backoff_cap_s: float | None = None,
-                 max_tokens: int | None = None, request_timeout_s: float = 600.0, output_limit: int = OUTPUT_LIMIT,
-                 max_idle_turns: int = 2, completion: Callable[..., Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_base: str | None = None,
+        api_key_env: str | None = None,
+        retries: int = 5,
+        backoff_base_s: float | None = None,
+        backoff_cap_s: float | None = None,
+        max_tokens: int | None = None,
+        request_timeout_s: float = 600.0,
+        output_limit: int = OUTPUT_LIMIT,
+        max_idle_turns: int = 2,
+        completion: Callable[..., Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.model = model or os.environ.get(ENV_MODEL) or None
         self.api_base = api_base or os.environ.get(ENV_API_BASE) or None
         self.api_key_env = api_key_env or os.environ.get(ENV_API_KEY_ENV) or None
@@ -205,7 +251,9 @@ class BuiltinAgent(Agent):
         try:
             while True:
                 if traj.steps >= budget.steps:
-                    raise _Stop("agent_budget_exceeded", f"step budget of {budget.steps} turn(s) used up without finish")
+                    raise _Stop(
+                        "agent_budget_exceeded", f"step budget of {budget.steps} turn(s) used up without finish"
+                    )
                 if budget.wall_s - traj.elapsed() <= 0:
                     raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up")
                 traj.steps += 1
@@ -250,12 +298,14 @@ class BuiltinAgent(Agent):
         return f"openai/{self.model}" if self.gateway is not None else self.model
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        wait = self.backoff_base_s * (2 ** attempt)
+        wait = self.backoff_base_s * (2**attempt)
         if retry_after is not None and retry_after > wait:
             wait = retry_after
         return min(wait, self.backoff_cap_s)
 
-    def _model_turn(self, traj: Trajectory, messages: list[dict[str, Any]], budget: Budget, secret: str | None) -> dict[str, Any]:
+    def _model_turn(
+        self, traj: Trajectory, messages: list[dict[str, Any]], budget: Budget, secret: str | None
+    ) -> dict[str, Any]:
         from saasbench.services.judge import _litellm, classify
         from saasbench.services.limits import llm_provider, llm_slot
 
@@ -266,10 +316,18 @@ class BuiltinAgent(Agent):
             remaining = budget.wall_s - traj.elapsed()
             if remaining <= 0:
                 raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up during a model call")
-            kwargs: dict[str, Any] = {"model": self._call_model(), "messages": messages, "tools": TOOLS, "tool_choice": "auto",
-                                      "temperature": 0, "max_tokens": self.max_tokens,
-                                      "timeout": min(self.request_timeout_s, remaining), "num_retries": 0, "max_retries": 0,
-                                      "drop_params": True}
+            kwargs: dict[str, Any] = {
+                "model": self._call_model(),
+                "messages": messages,
+                "tools": TOOLS,
+                "tool_choice": "auto",
+                "temperature": 0,
+                "max_tokens": self.max_tokens,
+                "timeout": min(self.request_timeout_s, remaining),
+                "num_retries": 0,
+                "max_retries": 0,
+                "drop_params": True,
+            }
             if self.gateway is not None:
                 kwargs["api_base"] = self.gateway.openai_base_url
             elif self.api_base:
@@ -284,7 +342,9 @@ class BuiltinAgent(Agent):
                 err = classify(exc)
                 text = redact_text(str(err), secret)
                 if budget.wall_s - traj.elapsed() <= 0:
-                    raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up during a model call ({text})") from None
+                    raise _Stop(
+                        "agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up during a model call ({text})"
+                    ) from None
                 if not err.transient:
                     raise _Stop("agent_error", f"model call failed (not retried): {text}") from None
                 if attempts > (0 if self.gateway is not None else self.retries):
@@ -292,7 +352,10 @@ class BuiltinAgent(Agent):
                 wait = self._backoff(attempts - 1, err.retry_after)
                 traj.event("retry", text[:EVENT_TEXT_LIMIT], attempt=attempts, wait_s=round(wait, 3))
                 if traj.elapsed() + wait >= budget.wall_s:
-                    raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s would run out while backing off ({text})") from None
+                    raise _Stop(
+                        "agent_timeout",
+                        f"wall-clock budget of {budget.wall_s:g}s would run out while backing off ({text})",
+                    ) from None
                 self._sleep(wait)
                 continue
             break
@@ -307,14 +370,24 @@ class BuiltinAgent(Agent):
         traj.cost_usd = round(traj.cost_usd + cost, 6)
         content = message.get("content") or ""
         asked = [{"tool": tc["function"]["name"], "id": tc.get("id")} for tc in message.get("tool_calls") or []]
-        traj.event("model_call", redact_text(cap_text(content, EVENT_TEXT_LIMIT), secret), role="assistant", step=traj.steps,
-                   tool_calls=asked, tokens_in=t_in, tokens_out=t_out, latency_ms=latency_ms, attempts=attempts,
-                   cost_usd=cost)
+        traj.event(
+            "model_call",
+            redact_text(cap_text(content, EVENT_TEXT_LIMIT), secret),
+            role="assistant",
+            step=traj.steps,
+            tool_calls=asked,
+            tokens_in=t_in,
+            tokens_out=t_out,
+            latency_ms=latency_ms,
+            attempts=attempts,
+            cost_usd=cost,
+        )
         return message
 
     # --- tools ------------------------------------------------------------------------------------------
-    def _run_tool(self, traj: Trajectory, env: Environment, budget: Budget, call: dict[str, Any],
-                  secret: str | None) -> tuple[str, str | None]:
+    def _run_tool(
+        self, traj: Trajectory, env: Environment, budget: Budget, call: dict[str, Any], secret: str | None
+    ) -> tuple[str, str | None]:
         """(text for the model, summary when the tool was finish)."""
         fn = call.get("function") or {}
         name = str(fn.get("name") or "")
@@ -328,8 +401,15 @@ class BuiltinAgent(Agent):
             parse_error: str | None = f"error: the arguments of {name} are not valid JSON ({exc})"
         else:
             parse_error = None
-        recorded = {k: redact_text(cap_text(str(v), EVENT_ARG_LIMIT), secret) if isinstance(v, str) else v for k, v in args.items()}
-        message = recorded.get("command", "") if name == "shell" else str(recorded.get("path", recorded.get("summary", "")))[:300]
+        recorded = {
+            k: redact_text(cap_text(str(v), EVENT_ARG_LIMIT), secret) if isinstance(v, str) else v
+            for k, v in args.items()
+        }
+        message = (
+            recorded.get("command", "")
+            if name == "shell"
+            else str(recorded.get("path", recorded.get("summary", "")))[:300]
+        )
         traj.event("tool_call", str(message), tool=name, args=recorded, call_id=call.get("id"))
         t0 = time.perf_counter()
         extra: dict[str, Any] = {}
@@ -344,12 +424,19 @@ class BuiltinAgent(Agent):
             except Exception as exc:  # noqa: BLE001 - tool failures go back to the model
                 text = f"error: {type(exc).__name__}: {exc}"
         text = redact_text(cap_text(text, self.output_limit), secret)
-        traj.event("tool_result", cap_text(text, EVENT_TEXT_LIMIT), tool=name, call_id=call.get("id"),
-                   latency_ms=round((time.perf_counter() - t0) * 1000, 3), **extra)
+        traj.event(
+            "tool_result",
+            cap_text(text, EVENT_TEXT_LIMIT),
+            tool=name,
+            call_id=call.get("id"),
+            latency_ms=round((time.perf_counter() - t0) * 1000, 3),
+            **extra,
+        )
         return text, done
 
-    def _dispatch(self, name: str, args: dict[str, Any], env: Environment, budget: Budget,
-                  traj: Trajectory) -> tuple[str, dict[str, Any], str | None]:
+    def _dispatch(
+        self, name: str, args: dict[str, Any], env: Environment, budget: Budget, traj: Trajectory
+    ) -> tuple[str, dict[str, Any], str | None]:
         if name == "shell":
             command = str(args.get("command") or "")
             if not command.strip():
@@ -363,7 +450,9 @@ class BuiltinAgent(Agent):
                 raise _Stop("agent_timeout", f"wall-clock budget of {budget.wall_s:g}s used up")
             timeout = max(0.01, min(limit, remaining))
             result = env.exec(command, timeout_s=timeout)
-            parts = [f"exit code: {result.exit_code}" + (f" (timed out after {timeout:g}s)" if result.timed_out else "")]
+            parts = [
+                f"exit code: {result.exit_code}" + (f" (timed out after {timeout:g}s)" if result.timed_out else "")
+            ]
             if result.stdout:
                 parts.append("stdout:\n" + result.stdout)
             if result.stderr:
@@ -424,8 +513,16 @@ def _message_dict(response: Any) -> dict[str, Any]:
     for i, tc in enumerate(_get(msg, "tool_calls") or []):
         fn = _get(tc, "function") or {}
         args = _get(fn, "arguments")
-        calls.append({"id": _get(tc, "id") or f"call_{i}", "type": "function",
-                      "function": {"name": _get(fn, "name") or "", "arguments": args if isinstance(args, str) else json.dumps(args or {})}})
+        calls.append(
+            {
+                "id": _get(tc, "id") or f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": _get(fn, "name") or "",
+                    "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+                },
+            }
+        )
     if calls:
         out["tool_calls"] = calls
     return out

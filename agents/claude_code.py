@@ -18,8 +18,20 @@ from saasbench.agents.base import Budget, register_agent
 from saasbench.agents.events import CLIAgent, NpmInstalledCLI, prompt_word
 
 # The paper's fixed set of 12 core tools (Appendix B.1).
-ALLOWED_TOOLS = ("Bash", "Edit", "Write", "Read", "Glob", "Grep", "LS", "WebFetch", "NotebookEdit", "NotebookRead",
-                 "TodoRead", "TodoWrite")
+ALLOWED_TOOLS = (
+    "Bash",
+    "Edit",
+    "Write",
+    "Read",
+    "Glob",
+    "Grep",
+    "LS",
+    "WebFetch",
+    "NotebookEdit",
+    "NotebookRead",
+    "TodoRead",
+    "TodoWrite",
+)
 CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
 CLAUDE_CODE_VERSION = "2.1.197"  # verified here (agent-feasibility.md); the paper used 2.1.126
 
@@ -35,9 +47,23 @@ class ClaudeCodeAgent(NpmInstalledCLI, CLIAgent):
     package_version = CLAUDE_CODE_VERSION
 
     def command(self, prompt_file: str, model: str, workspace: str) -> list[str]:
-        return ["claude", "-p", "--output-format", "stream-json", "--verbose", "--model", model,
-                "--permission-mode", "bypassPermissions", "--allowedTools", ",".join(ALLOWED_TOOLS),
-                "--add-dir", workspace, "--", prompt_word(prompt_file)]
+        return [
+            "claude",
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            model,
+            "--permission-mode",
+            "bypassPermissions",
+            "--allowedTools",
+            ",".join(ALLOWED_TOOLS),
+            "--add-dir",
+            workspace,
+            "--",
+            prompt_word(prompt_file),
+        ]
 
     def version_command(self) -> str:
         return "claude --version"

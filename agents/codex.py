@@ -36,8 +36,18 @@ class CodexAgent(NpmInstalledCLI, CLIAgent):
     package_version = CODEX_VERSION
 
     def command(self, prompt_file: str, model: str, workspace: str) -> list[str]:
-        return ["codex", "exec", "--model", model, "--json", "--sandbox", "danger-full-access", "--skip-git-repo-check",
-                "--", prompt_word(prompt_file)]
+        return [
+            "codex",
+            "exec",
+            "--model",
+            model,
+            "--json",
+            "--sandbox",
+            "danger-full-access",
+            "--skip-git-repo-check",
+            "--",
+            prompt_word(prompt_file),
+        ]
 
     def version_command(self) -> str:
         return "codex --version"

@@ -49,8 +49,24 @@ CONTENT_CAP = 4000  # characters of message/tool output kept per event
 ARGS_CAP = 4000  # characters of each string tool argument kept
 FORMATS = ("claude", "codex", "openhands")
 
-__all__ = ["CONTENT_CAP", "FORMATS", "AgentInstallError", "CLIAgent", "StreamEvent", "StreamParser", "StreamTotals", "apply_events",
-           "apply_totals", "cap", "make_parser", "parse_stream", "prompt_word", "put_file", "read_back", "to_shell"]
+__all__ = [
+    "CONTENT_CAP",
+    "FORMATS",
+    "AgentInstallError",
+    "CLIAgent",
+    "StreamEvent",
+    "StreamParser",
+    "StreamTotals",
+    "apply_events",
+    "apply_totals",
+    "cap",
+    "make_parser",
+    "parse_stream",
+    "prompt_word",
+    "put_file",
+    "read_back",
+    "to_shell",
+]
 
 
 def cap(text: Any, limit: int = CONTENT_CAP) -> str:
@@ -156,7 +172,9 @@ class StreamParser:
         except ValueError as exc:
             if self.plain_text_ok and not line.startswith(("{", "[")):
                 text = _ANSI.sub("", line).strip()
-                return self._keep([StreamEvent("message", "system", cap(text, 500), raw_type="cli_text")] if text else [])
+                return self._keep(
+                    [StreamEvent("message", "system", cap(text, 500), raw_type="cli_text")] if text else []
+                )
             return self._keep([self._parse_error(f"not JSON ({exc.msg}): {line}")])
         if not isinstance(obj, dict):
             return self._keep([self._parse_error(f"not a JSON object: {line}")])
@@ -228,19 +246,43 @@ class ClaudeParser(StreamParser):
                 elif btype == "tool_use":
                     args = block.get("input")
                     self._tool_names[str(block.get("id"))] = str(block.get("name"))
-                    out.append(StreamEvent("tool_call", "assistant", cap(args), tool=block.get("name"),
-                                           args=_cap_args(args), call_id=block.get("id"), raw_type=typ))
+                    out.append(
+                        StreamEvent(
+                            "tool_call",
+                            "assistant",
+                            cap(args),
+                            tool=block.get("name"),
+                            args=_cap_args(args),
+                            call_id=block.get("id"),
+                            raw_type=typ,
+                        )
+                    )
                 elif btype == "tool_result":
                     res = block.get("content")
                     if isinstance(res, list):
                         res = "\n".join(str(p.get("text", "")) for p in res if isinstance(p, dict))
-                    out.append(StreamEvent("tool_result", "tool", cap(res), call_id=block.get("tool_use_id"),
-                                           tool=self._tool_names.get(str(block.get("tool_use_id"))),
-                                           is_error=bool(block.get("is_error")), raw_type=typ))
+                    out.append(
+                        StreamEvent(
+                            "tool_result",
+                            "tool",
+                            cap(res),
+                            call_id=block.get("tool_use_id"),
+                            tool=self._tool_names.get(str(block.get("tool_use_id"))),
+                            is_error=bool(block.get("is_error")),
+                            raw_type=typ,
+                        )
+                    )
             usage = msg.get("usage") if typ == "assistant" else None
             if isinstance(usage, dict):
-                out.append(StreamEvent("usage", "assistant", tokens_in=_claude_in(usage),
-                                       tokens_out=_int(usage.get("output_tokens")), raw_type="message_usage"))
+                out.append(
+                    StreamEvent(
+                        "usage",
+                        "assistant",
+                        tokens_in=_claude_in(usage),
+                        tokens_out=_int(usage.get("output_tokens")),
+                        raw_type="message_usage",
+                    )
+                )
             return out
         if typ == "result":
             self.totals.turns = _int(obj.get("num_turns"))
@@ -252,8 +294,17 @@ class ClaudeParser(StreamParser):
             subtype = str(obj.get("subtype") or "")
             text = obj.get("result") if isinstance(obj.get("result"), str) else ""
             self.totals.final_text = text
-            out = [StreamEvent("usage", "system", f"run totals: {tin} in, {tout} out", tokens_in=tin, tokens_out=tout,
-                               cost_usd=cost, raw_type="result")]
+            out = [
+                StreamEvent(
+                    "usage",
+                    "system",
+                    f"run totals: {tin} in, {tout} out",
+                    tokens_in=tin,
+                    tokens_out=tout,
+                    cost_usd=cost,
+                    raw_type="result",
+                )
+            ]
             if subtype == "success" and not obj.get("is_error"):
                 self.totals.exit_reason, self.totals.error = "completed", None
             elif "max_turns" in subtype or "max_budget" in subtype:
@@ -261,7 +312,9 @@ class ClaudeParser(StreamParser):
                 self.totals.error = f"claude: {subtype} after {self.totals.turns} turns"
             else:
                 self.totals.exit_reason = "agent_error"
-                detail = text or "; ".join(str(e) for e in obj.get("errors") or []) or str(obj.get("api_error_status") or "")
+                detail = (
+                    text or "; ".join(str(e) for e in obj.get("errors") or []) or str(obj.get("api_error_status") or "")
+                )
                 self.totals.error = cap(f"claude: {subtype or 'error'}" + (f": {detail}" if detail else ""), 500)
                 out.append(StreamEvent("error", "system", self.totals.error, is_error=True, raw_type="result"))
             return out
@@ -269,8 +322,11 @@ class ClaudeParser(StreamParser):
 
 
 def _claude_in(usage: dict[str, Any]) -> int:
-    return (_int(usage.get("input_tokens")) + _int(usage.get("cache_creation_input_tokens"))
-            + _int(usage.get("cache_read_input_tokens")))
+    return (
+        _int(usage.get("input_tokens"))
+        + _int(usage.get("cache_creation_input_tokens"))
+        + _int(usage.get("cache_read_input_tokens"))
+    )
 
 
 # --- Codex CLI ----------------------------------------------------------------------------------------
@@ -290,8 +346,11 @@ class CodexParser(StreamParser):
             usage = obj.get("usage") or {}
             tin, tout = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
             self.totals.exit_reason, self.totals.error = "completed", None
-            return [StreamEvent("usage", "system", f"turn: {tin} in, {tout} out", tokens_in=tin, tokens_out=tout,
-                                raw_type=typ)]
+            return [
+                StreamEvent(
+                    "usage", "system", f"turn: {tin} in, {tout} out", tokens_in=tin, tokens_out=tout, raw_type=typ
+                )
+            ]
         if typ == "turn.failed":
             err = obj.get("error") or {}
             msg = err.get("message") if isinstance(err, dict) else str(err)
@@ -316,22 +375,35 @@ class CodexParser(StreamParser):
                 return [StreamEvent("message", "assistant", cap(text), raw_type=itype)]
             return []
         if itype == "reasoning":
-            return [StreamEvent("message", "assistant", cap(item.get("text")), raw_type=itype)] if typ == "item.completed" else []
+            return (
+                [StreamEvent("message", "assistant", cap(item.get("text")), raw_type=itype)]
+                if typ == "item.completed"
+                else []
+            )
         if itype == "error":  # e.g. "Model metadata ... not found": a warning, not fatal
-            return [StreamEvent("error", "system", cap(item.get("message")), raw_type=itype)] if typ == "item.completed" else []
+            return (
+                [StreamEvent("error", "system", cap(item.get("message")), raw_type=itype)]
+                if typ == "item.completed"
+                else []
+            )
         tool, args, result = _codex_tool(itype, item)
         if tool is None:
             return []
         out: list[StreamEvent] = []
         if iid not in self._started:  # item.started, or a completed item that never announced its start
             self._started.add(iid)
-            out.append(StreamEvent("tool_call", "assistant", cap(args), tool=tool, args=_cap_args(args), call_id=iid,
-                                   raw_type=itype))
+            out.append(
+                StreamEvent(
+                    "tool_call", "assistant", cap(args), tool=tool, args=_cap_args(args), call_id=iid, raw_type=itype
+                )
+            )
         if typ == "item.completed":
             status = item.get("status")
             code = item.get("exit_code")
             failed = status == "failed" or (isinstance(code, int) and code != 0)
-            out.append(StreamEvent("tool_result", "tool", cap(result), tool=tool, call_id=iid, is_error=failed, raw_type=itype))
+            out.append(
+                StreamEvent("tool_result", "tool", cap(result), tool=tool, call_id=iid, is_error=failed, raw_type=itype)
+            )
         return out
 
 
@@ -345,7 +417,11 @@ def _codex_tool(itype: Any, item: dict[str, Any]) -> tuple[str | None, Any, Any]
         changes = item.get("changes") or []
         return "file_change", {"changes": changes}, item.get("status") or ""
     if itype == "mcp_tool_call":
-        return f"mcp:{item.get('server')}/{item.get('tool')}", item.get("arguments"), item.get("result") or item.get("error")
+        return (
+            f"mcp:{item.get('server')}/{item.get('tool')}",
+            item.get("arguments"),
+            item.get("result") or item.get("error"),
+        )
     if itype == "web_search":
         return "web_search", {"query": item.get("query")}, ""
     if itype == "todo_list":
@@ -367,7 +443,9 @@ class OpenHandsParser(StreamParser):
             text = _oh_text(msg.get("content"))
             role = msg.get("role") or source
             if text:
-                out.append(StreamEvent("message", "assistant" if role == "assistant" else role, cap(text), raw_type=kind))
+                out.append(
+                    StreamEvent("message", "assistant" if role == "assistant" else role, cap(text), raw_type=kind)
+                )
             if role == "assistant":
                 self.totals.turns += 1
                 self.totals.final_text = text
@@ -387,8 +465,17 @@ class OpenHandsParser(StreamParser):
             thought = _oh_text(obj.get("thought"))
             if thought:
                 out.append(StreamEvent("message", "assistant", cap(thought), raw_type="thought"))
-            out.append(StreamEvent("tool_call", "assistant", cap(args), tool=tool, args=_cap_args(args),
-                                   call_id=obj.get("tool_call_id"), raw_type=kind))
+            out.append(
+                StreamEvent(
+                    "tool_call",
+                    "assistant",
+                    cap(args),
+                    tool=tool,
+                    args=_cap_args(args),
+                    call_id=obj.get("tool_call_id"),
+                    raw_type=kind,
+                )
+            )
             if tool == "finish":
                 self.totals.exit_reason, self.totals.error = "completed", None
                 self.totals.final_text = str((obj.get("action") or {}).get("message") or "")
@@ -397,11 +484,22 @@ class OpenHandsParser(StreamParser):
             text = _oh_text(obs.get("content"))
             code = obs.get("exit_code")
             failed = bool(obs.get("is_error")) or (isinstance(code, int) and code not in (0, -1))
-            out.append(StreamEvent("tool_result", "tool", cap((f"exit {code}\n" if code is not None else "") + text),
-                                   tool=obj.get("tool_name"), call_id=obj.get("tool_call_id"), is_error=failed, raw_type=kind))
+            out.append(
+                StreamEvent(
+                    "tool_result",
+                    "tool",
+                    cap((f"exit {code}\n" if code is not None else "") + text),
+                    tool=obj.get("tool_name"),
+                    call_id=obj.get("tool_call_id"),
+                    is_error=failed,
+                    raw_type=kind,
+                )
+            )
         elif kind in ("AgentErrorEvent", "ConversationErrorEvent"):
             msg = str(obj.get("error") or obj.get("detail") or obj.get("message") or kind)
-            out.append(StreamEvent("error", "system", cap(msg), tool=obj.get("tool_name"), is_error=True, raw_type=kind))
+            out.append(
+                StreamEvent("error", "system", cap(msg), tool=obj.get("tool_name"), is_error=True, raw_type=kind)
+            )
             if kind == "ConversationErrorEvent" or not obj.get("tool_call_id"):
                 self.totals.exit_reason = _oh_error_reason(msg)
                 self.totals.error = cap(f"openhands: {msg}", 500)
@@ -418,8 +516,17 @@ class OpenHandsParser(StreamParser):
         if metrics is not None:
             tin, tout, cost = metrics
             self._final_usage(tin, tout, cost)  # accumulated values: the latest one is the total
-            out.append(StreamEvent("usage", "system", f"accumulated: {tin} in, {tout} out", tokens_in=tin, tokens_out=tout,
-                                   cost_usd=cost, raw_type="metrics"))
+            out.append(
+                StreamEvent(
+                    "usage",
+                    "system",
+                    f"accumulated: {tin} in, {tout} out",
+                    tokens_in=tin,
+                    tokens_out=tout,
+                    cost_usd=cost,
+                    raw_type="metrics",
+                )
+            )
             self._usage_final = True
         return out
 
@@ -447,8 +554,11 @@ def _find_metrics(obj: Any, depth: int = 0) -> tuple[int, int, float | None] | N
         usage = obj.get("accumulated_token_usage")
         if isinstance(usage, dict):
             cost = obj.get("accumulated_cost")
-            return (_int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")),
-                    float(cost) if isinstance(cost, (int, float)) else None)
+            return (
+                _int(usage.get("prompt_tokens")),
+                _int(usage.get("completion_tokens")),
+                float(cost) if isinstance(cost, (int, float)) else None,
+            )
         for value in obj.values():
             if isinstance(value, (dict, list)):
                 found = _find_metrics(value, depth + 1)
@@ -538,9 +648,16 @@ class CLIAgent(Agent):
     package: ClassVar[str] = ""
     package_version: ClassVar[str] = ""
 
-    def __init__(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None, *,
-                 bin_dir: str | None = None, artefacts_dir: str | Path | None = None,
-                 install_timeout_s: float = INSTALL_TIMEOUT_S):
+    def __init__(
+        self,
+        model: str | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        bin_dir: str | None = None,
+        artefacts_dir: str | Path | None = None,
+        install_timeout_s: float = INSTALL_TIMEOUT_S,
+    ):
         self.model = model or os.environ.get("SAASBENCH_AGENT_MODEL") or self.default_model
         self.base_url = base_url or os.environ.get("SAASBENCH_AGENT_BASE_URL") or ""
         self.api_key = api_key or os.environ.get("SAASBENCH_AGENT_API_KEY") or None
@@ -609,8 +726,11 @@ class CLIAgent(Agent):
         local = env.kind == "local"
         run_dir = str(host_dir) if local else f"/tmp/saasbench-agent/{self.name}-{run_id}"
         events_path, stderr_path = f"{run_dir}/{self.events_file}", f"{run_dir}/stderr.log"
-        self.last_artefacts = {"events": str(host_dir / self.events_file), "stderr": str(host_dir / "stderr.log"),
-                               "dir": str(host_dir)}
+        self.last_artefacts = {
+            "events": str(host_dir / self.events_file),
+            "stderr": str(host_dir / "stderr.log"),
+            "dir": str(host_dir),
+        }
         try:
             if not local:
                 env.exec(f"mkdir -p {shlex.quote(run_dir)}/home", timeout_s=60)
@@ -622,14 +742,24 @@ class CLIAgent(Agent):
         except Exception as exc:  # noqa: BLE001 - environment trouble before the agent started
             return traj.finish("agent_error", f"{self.name}: cannot prepare the run folder: {exc}")
         argv = self.command(prompt_file, self.model, env.workspace_path)
-        shell = self._with_path(f"exec {to_shell(argv)} </dev/null >{shlex.quote(events_path)} 2>{shlex.quote(stderr_path)}")
+        shell = self._with_path(
+            f"exec {to_shell(argv)} </dev/null >{shlex.quote(events_path)} 2>{shlex.quote(stderr_path)}"
+        )
         agent_env = self.process_env(run_dir, key, budget)
         secrets = (key,)
-        traj.event("note", f"{self.name}: {shell}", command=argv, artefact=self.last_artefacts["events"],
-                   env_names=sorted(agent_env), base_url=self.base_url)
+        traj.event(
+            "note",
+            f"{self.name}: {shell}",
+            command=argv,
+            artefact=self.last_artefacts["events"],
+            env_names=sorted(agent_env),
+            base_url=self.base_url,
+        )
         remaining = budget.wall_s - traj.elapsed()
         if remaining <= 0:
-            return traj.finish("agent_timeout", f"wall-clock budget {budget.wall_s:g}s used up before the agent started")
+            return traj.finish(
+                "agent_timeout", f"wall-clock budget {budget.wall_s:g}s used up before the agent started"
+            )
         parser = make_parser(self.stream_format)
         lock = threading.Lock()
         tail = _Tail(Path(events_path), parser, traj, secrets, lock) if local else None
@@ -656,13 +786,22 @@ class CLIAgent(Agent):
         totals = parser.totals
         apply_totals(traj, totals)
         if parser.totals.parse_errors:
-            traj.event("note", f"{totals.parse_errors} stream line(s) were not parseable", parse_errors=totals.parse_errors)
+            traj.event(
+                "note", f"{totals.parse_errors} stream line(s) were not parseable", parse_errors=totals.parse_errors
+            )
         self._conclude(traj, totals, res, budget, stderr_text, secrets)
         _persist_trajectory(traj, host_dir, secrets)
         return traj
 
-    def _conclude(self, traj: Trajectory, totals: StreamTotals, res: Any, budget: Budget, stderr_text: str,
-                  secrets: tuple[str, ...]) -> None:
+    def _conclude(
+        self,
+        traj: Trajectory,
+        totals: StreamTotals,
+        res: Any,
+        budget: Budget,
+        stderr_text: str,
+        secrets: tuple[str, ...],
+    ) -> None:
         """Set the exit reason: timeout first, then the stream's final event, then the exit code."""
         if res.timed_out:
             traj.finish("agent_timeout", f"{self.name} ran out of its wall-clock budget ({budget.wall_s:g}s)")
@@ -705,7 +844,9 @@ class NpmInstalledCLI:
 class _Tail(threading.Thread):
     """Feed a growing JSON-lines file into the parser and the trajectory while the CLI runs."""
 
-    def __init__(self, path: Path, parser: StreamParser, traj: Trajectory, secrets: tuple[str, ...], lock: threading.Lock):
+    def __init__(
+        self, path: Path, parser: StreamParser, traj: Trajectory, secrets: tuple[str, ...], lock: threading.Lock
+    ):
         super().__init__(daemon=True)
         self.path, self.parser, self.traj, self.secrets, self.lock = path, parser, traj, secrets, lock
         self._halt = threading.Event()
@@ -759,9 +900,9 @@ def put_file(env: Environment, path: str, text: str, mode: str | None = None) ->
         return
     data = base64.b64encode(text.encode("utf-8")).decode()
     q = shlex.quote(path)
-    env.exec(f"mkdir -p \"$(dirname {q})\" && : > {q}", timeout_s=60)
+    env.exec(f'mkdir -p "$(dirname {q})" && : > {q}', timeout_s=60)
     for i in range(0, len(data), 64_000):
-        res = env.exec(f"printf %s {data[i:i + 64_000]} | base64 -d >> {q}", timeout_s=60)
+        res = env.exec(f"printf %s {data[i : i + 64_000]} | base64 -d >> {q}", timeout_s=60)
         if not res.ok:
             raise OSError(f"cannot write {path} in the environment: {res.stderr.strip()[:300]}")
     if mode:
@@ -774,8 +915,9 @@ def read_back(env: Environment, path: str) -> str:
     out = bytearray()
     i = 0
     while True:
-        res = env.exec(f"test -f {q} || exit 0; dd if={q} bs={_CHUNK} skip={i} count=1 status=none | base64 -w0",
-                       timeout_s=120)
+        res = env.exec(
+            f"test -f {q} || exit 0; dd if={q} bs={_CHUNK} skip={i} count=1 status=none | base64 -w0", timeout_s=120
+        )
         if not res.ok:
             raise OSError(res.stderr.strip()[:300] or f"exit {res.exit_code}")
         chunk = base64.b64decode(res.stdout.strip() or b"")
@@ -785,8 +927,9 @@ def read_back(env: Environment, path: str) -> str:
         i += 1
 
 
-def _scrub_files(env: Environment, local: bool, host_dir: Path, run_dir: str, secrets: tuple[str, ...],
-                 events_file: str) -> str:
+def _scrub_files(
+    env: Environment, local: bool, host_dir: Path, run_dir: str, secrets: tuple[str, ...], events_file: str
+) -> str:
     """Redact the key from the kept artefacts, fetch stderr, drop the run's scratch HOME; returns stderr."""
     if local:
         for name in (events_file, "stderr.log"):
@@ -809,6 +952,8 @@ def _scrub_files(env: Environment, local: bool, host_dir: Path, run_dir: str, se
 
 def _persist_trajectory(traj: Trajectory, host_dir: Path, secrets: tuple[str, ...]) -> None:
     try:
-        (host_dir / "trajectory.json").write_text(redact_text(traj.model_dump_json(indent=1), secrets), encoding="utf-8")
+        (host_dir / "trajectory.json").write_text(
+            redact_text(traj.model_dump_json(indent=1), secrets), encoding="utf-8"
+        )
     except OSError:
         pass

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 @register_agent("nop")
 class NopAgent(Agent):
     """Does nothing: the floor every task must score near zero on."""
+
     version = "1"
 
     def run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:

@@ -29,8 +29,15 @@ OPENHANDS_PACKAGE = "openhands"
 OPENHANDS_VERSION = "1.16.0"  # the CLI verified here; needs Python 3.12
 DEFAULT_VENV = "/opt/saasbench/openhands"
 
-CONFIG = {"max_iterations": 500, "temperature": 0.0, "num_retries": 5, "retry_min_wait": 10, "retry_max_wait": 60,
-          "sandbox_timeout": 900, "enable_mcp": False}
+CONFIG = {
+    "max_iterations": 500,
+    "temperature": 0.0,
+    "num_retries": 5,
+    "retry_min_wait": 10,
+    "retry_max_wait": 60,
+    "sandbox_timeout": 900,
+    "enable_mcp": False,
+}
 
 
 @register_agent("openhands")
@@ -69,24 +76,26 @@ class OpenHandsAgent(CLIAgent):
 
     def config_toml(self, budget: Budget) -> str:
         c = CONFIG | {"max_iterations": budget.steps, "sandbox_timeout": int(budget.tool_call_s)}
-        return "\n".join([
-            "[core]",
-            f"max_iterations = {c['max_iterations']}",
-            'default_agent = "CodeActAgent"',
-            "enable_mcp = false",
-            "",
-            "[llm]",
-            f'model = "{self.llm_model}"',
-            f'base_url = "{self.base_url}"' if self.base_url else "# base_url from LLM_BASE_URL",
-            f"temperature = {c['temperature']}",
-            f"num_retries = {c['num_retries']}",
-            f"retry_min_wait = {c['retry_min_wait']}",
-            f"retry_max_wait = {c['retry_max_wait']}",
-            "",
-            "[sandbox]",
-            f"timeout = {c['sandbox_timeout']}",
-            "",
-        ])
+        return "\n".join(
+            [
+                "[core]",
+                f"max_iterations = {c['max_iterations']}",
+                'default_agent = "CodeActAgent"',
+                "enable_mcp = false",
+                "",
+                "[llm]",
+                f'model = "{self.llm_model}"',
+                f'base_url = "{self.base_url}"' if self.base_url else "# base_url from LLM_BASE_URL",
+                f"temperature = {c['temperature']}",
+                f"num_retries = {c['num_retries']}",
+                f"retry_min_wait = {c['retry_min_wait']}",
+                f"retry_max_wait = {c['retry_max_wait']}",
+                "",
+                "[sandbox]",
+                f"timeout = {c['sandbox_timeout']}",
+                "",
+            ]
+        )
 
     def prepare(self, env, run_dir: str, budget: Budget) -> None:
         put_file(env, f"{run_dir}/config.toml", self.config_toml(budget))

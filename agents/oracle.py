@@ -25,6 +25,7 @@ SKIP_DIRS = frozenset({"__pycache__", ".git", "node_modules", ".venv", ".pytest_
 @register_agent("oracle")
 class OracleAgent(Agent):
     """Installs the task's reference implementation: proves the task and its DAG are valid."""
+
     version = "1"
 
     def app_start_command(self, task: Task) -> str | None:
@@ -39,7 +40,9 @@ class OracleAgent(Agent):
         ref = task.spec.reference
         source = task.reference_dir
         if ref is None or source is None:
-            return traj.finish("agent_error", f"task {task.id} has no reference implementation (task.yaml reference.source)")
+            return traj.finish(
+                "agent_error", f"task {task.id} has no reference implementation (task.yaml reference.source)"
+            )
         copied = 0
         for path in _files(source):
             rel = path.relative_to(source).as_posix()
@@ -58,8 +61,14 @@ class OracleAgent(Agent):
             traj.steps += 1
             traj.event("tool_call", cmd, tool="exec", timeout_s=round(timeout, 3))
             result = env.exec(cmd, timeout_s=timeout)
-            traj.event("tool_result", f"exit {result.exit_code}", exit_code=result.exit_code, timed_out=result.timed_out,
-                       stdout=result.stdout[-2000:], stderr=result.stderr[-2000:])
+            traj.event(
+                "tool_result",
+                f"exit {result.exit_code}",
+                exit_code=result.exit_code,
+                timed_out=result.timed_out,
+                stdout=result.stdout[-2000:],
+                stderr=result.stderr[-2000:],
+            )
             if result.timed_out:
                 reason = "agent_timeout" if timeout < budget.tool_call_s else "agent_error"
                 return traj.finish(reason, f"install command {cmd!r} timed out after {timeout:g}s")

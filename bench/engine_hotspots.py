@@ -70,29 +70,79 @@ def main() -> int:
         bench("http.client request + read + json.loads", plain, n, rows)
         raw = httpx.Client()
         bench("httpx.Client.get + .json()", lambda: raw.get(app.base_url + "/api/items/42").json(), n, rows)
-        ctx = RunContext(Target(base_url=app.base_url), options=RunOptions(), auth_profile=AuthProfile.model_validate(eo.AUTH_PROFILE))
+        ctx = RunContext(
+            Target(base_url=app.base_url),
+            options=RunOptions(),
+            auth_profile=AuthProfile.model_validate(eo.AUTH_PROFILE),
+        )
         engine = Engine(load_dag_data(eo.make_dag(10)).dag, ctx)
         ctx.start_node_clock(3600)
         engine._run_step("P13", {"role": "admin"})
         ident = ctx.auth.active
-        bench("saasbench.services.http.HttpClient.request (identity, stream, cap)", lambda: ctx.http.request("GET", "/api/items/42", identity=ident, timeout_s=30), n, rows)
-        bench("Engine._run_step P04 GET (resolve + validate + P04)", lambda: engine._run_step("P04", {"method": "GET", "path": "/api/items/42"}), n, rows)
+        bench(
+            "saasbench.services.http.HttpClient.request (identity, stream, cap)",
+            lambda: ctx.http.request("GET", "/api/items/42", identity=ident, timeout_s=30),
+            n,
+            rows,
+        )
+        bench(
+            "Engine._run_step P04 GET (resolve + validate + P04)",
+            lambda: engine._run_step("P04", {"method": "GET", "path": "/api/items/42"}),
+            n,
+            rows,
+        )
 
         print("-- CPU only --")
-        resp = httpx.Response(200, headers={"content-type": "application/json"}, content=b'{"id": 42}',
-                              request=httpx.Request("GET", app.base_url + "/api/items/42"))
-        bench("Identity.cookies.extract_cookies (response without Set-Cookie)", lambda: ident.cookies.extract_cookies(resp), n, rows)
+        resp = httpx.Response(
+            200,
+            headers={"content-type": "application/json"},
+            content=b'{"id": 42}',
+            request=httpx.Request("GET", app.base_url + "/api/items/42"),
+        )
+        bench(
+            "Identity.cookies.extract_cookies (response without Set-Cookie)",
+            lambda: ident.cookies.extract_cookies(resp),
+            n,
+            rows,
+        )
         bench("HttpClient.url (urljoin; called twice per P04)", lambda: ctx.http.url("/api/items/42"), n, rows)
-        bench("httpx.Client.build_request GET", lambda: ctx.http._client.build_request("GET", app.base_url + "/api/items/42", headers={"Authorization": "Bearer x"}), n, rows)
+        bench(
+            "httpx.Client.build_request GET",
+            lambda: ctx.http._client.build_request(
+                "GET", app.base_url + "/api/items/42", headers={"Authorization": "Bearer x"}
+            ),
+            n,
+            rows,
+        )
         p04 = {"method": "GET", "path": "/api/items/{{C1.id}}"}
         ctx.nodes["C1"] = {"id": 100001, "status": "PASSED"}
-        p07 = {"assertions": [{"path": "$.id", "expected": 42, "operator": "equals"}, {"path": "$.name", "expected": "item-42", "operator": "equals"},
-                              {"path": "$.owner.email", "expected": None, "operator": "exists"}]}
+        p07 = {
+            "assertions": [
+                {"path": "$.id", "expected": 42, "operator": "equals"},
+                {"path": "$.name", "expected": "item-42", "operator": "equals"},
+                {"path": "$.owner.email", "expected": None, "operator": "exists"},
+            ]
+        }
         s04, s07, s15 = REGISTRY.spec("P04"), REGISTRY.spec("P07"), REGISTRY.spec("P15")
         bench("ctx.resolve(P04 inputs with {{C1.id}})", lambda: {k: ctx.resolve(v) for k, v in p04.items()}, n, rows)
-        bench("P04Inputs.model_validate (again at run time)", lambda: s04.inputs.model_validate({"method": "GET", "path": "/api/items/1"}), n, rows)
-        bench("P15Inputs.model_validate (again at run time)", lambda: s15.inputs.model_validate({"expected_status": 200}), n, rows)
-        bench("P07Inputs.model_validate, 3 assertions (again at run time)", lambda: s07.inputs.model_validate(p07), n, rows)
+        bench(
+            "P04Inputs.model_validate (again at run time)",
+            lambda: s04.inputs.model_validate({"method": "GET", "path": "/api/items/1"}),
+            n,
+            rows,
+        )
+        bench(
+            "P15Inputs.model_validate (again at run time)",
+            lambda: s15.inputs.model_validate({"expected_status": 200}),
+            n,
+            rows,
+        )
+        bench(
+            "P07Inputs.model_validate, 3 assertions (again at run time)",
+            lambda: s07.inputs.model_validate(p07),
+            n,
+            rows,
+        )
         engine._run_step("P04", {"method": "GET", "path": "/api/items/42"})
         i07 = s07.inputs.model_validate(p07)
         bench("P07 function, 3 assertions", lambda: s07.fn(i07, ctx), n, rows)
@@ -100,16 +150,47 @@ def main() -> int:
         bench("Engine._run_step P07, 3 assertions", lambda: engine._run_step("P07", p07), n, rows)
         bench("Engine._run_step P13 (cached identity)", lambda: engine._run_step("P13", {"role": "admin"}), n, rows)
         r = engine._run_step("P04", {"method": "GET", "path": "/api/items/42"})
-        bench("StepRecord(...) with P04 evidence", lambda: StepRecord(index=0, type="P04", passed=True, message=r.message, duration_ms=1.0, evidence=r.evidence), n, rows)
+        bench(
+            "StepRecord(...) with P04 evidence",
+            lambda: StepRecord(
+                index=0, type="P04", passed=True, message=r.message, duration_ms=1.0, evidence=r.evidence
+            ),
+            n,
+            rows,
+        )
         rec = StepRecord(index=0, type="P04", passed=True, message=r.message, duration_ms=1.0, evidence=r.evidence)
-        bench("NodeResult(...) with 4 step records", lambda: NodeResult(id="N", category="C", method="binary", status=Status.PASSED, score=1, max_score=1,
-                                                                        steps=[rec] * 4), n, rows)
-        results = [NodeResult(id=f"N{i}", category="CRUD", method="binary", complexity_tier="linear_crud", status=Status.PASSED, score=1, max_score=1,
-                              steps=[rec] * 3) for i in range(1500)]
+        bench(
+            "NodeResult(...) with 4 step records",
+            lambda: NodeResult(
+                id="N", category="C", method="binary", status=Status.PASSED, score=1, max_score=1, steps=[rec] * 4
+            ),
+            n,
+            rows,
+        )
+        results = [
+            NodeResult(
+                id=f"N{i}",
+                category="CRUD",
+                method="binary",
+                complexity_tier="linear_crud",
+                status=Status.PASSED,
+                score=1,
+                max_score=1,
+                steps=[rec] * 3,
+            )
+            for i in range(1500)
+        ]
         dag = load_dag_data(eo.make_dag(1500)).dag
-        bench("build_report, 1,500 node results", lambda: build_report(dag, results, started_at="x", elapsed_s=1.0, ctx=ctx), 20, rows)
+        bench(
+            "build_report, 1,500 node results",
+            lambda: build_report(dag, results, started_at="x", elapsed_s=1.0, ctx=ctx),
+            20,
+            rows,
+        )
 
-        print("-- the same CPU-only work (Engine._run_step P15 + P07) right after the process slept, as it does while the app works --")
+        print(
+            "-- the same CPU-only work (Engine._run_step P15 + P07) right after the process slept, as it does while the app works --"
+        )
         cold_rows = []
         for gap_ms in (0, 1, 5):
             times = []
@@ -121,25 +202,51 @@ def main() -> int:
                 engine._run_step("P07", p07)
                 times.append((time.perf_counter() - t) * 1e6)
             times.sort()
-            cold_rows.append({"sleep_ms": gap_ms, "median_us": times[len(times) // 2], "p90_us": times[int(len(times) * 0.9)]})
-            print(f"  after sleeping {gap_ms} ms: median {times[len(times) // 2]:.1f} µs, p90 {times[int(len(times) * 0.9)]:.1f} µs", flush=True)
+            cold_rows.append(
+                {"sleep_ms": gap_ms, "median_us": times[len(times) // 2], "p90_us": times[int(len(times) * 0.9)]}
+            )
+            print(
+                f"  after sleeping {gap_ms} ms: median {times[len(times) // 2]:.1f} µs, p90 {times[int(len(times) * 0.9)]:.1f} µs",
+                flush=True,
+            )
 
         gc_rows = []
         if args.gc_runs:
-            print("-- GC: 1,500-node engine run, default GC vs gc.freeze() + set_threshold(50000, 20, 20) (app work 0) --")
+            print(
+                "-- GC: 1,500-node engine run, default GC vs gc.freeze() + set_threshold(50000, 20, 20) (app work 0) --"
+            )
             for _ in range(args.gc_runs):
                 for label, spec in (("default", {}), ("frozen+50k", {"gc_threshold": [50_000, 20, 20]})):
                     app.call("/__bench/reset")
                     out = eo.run_worker("engine", {"nodes": 1500, "seed": 7, "base_url": app.base_url, **spec})
-                    gc_rows.append({"gc": label, "engine_wall_s": out["engine_wall_s"], "engine_cpu_s": out["engine_cpu_s"],
-                                    "gc_pause_s": out["gc_pause_s"], "gc_collections": out["gc_collections"], "peak_rss_mb": out["peak_rss_mb"]})
-                    print(f"  {label:11s} engine {out['engine_wall_s']:.3f}s cpu {out['engine_cpu_s']:.3f}s  GC {out['gc_pause_s'] * 1000:.0f} ms "
-                          f"in {out['gc_collections']} collections, peak RSS {out['peak_rss_mb']:.0f} MB", flush=True)
+                    gc_rows.append(
+                        {
+                            "gc": label,
+                            "engine_wall_s": out["engine_wall_s"],
+                            "engine_cpu_s": out["engine_cpu_s"],
+                            "gc_pause_s": out["gc_pause_s"],
+                            "gc_collections": out["gc_collections"],
+                            "peak_rss_mb": out["peak_rss_mb"],
+                        }
+                    )
+                    print(
+                        f"  {label:11s} engine {out['engine_wall_s']:.3f}s cpu {out['engine_cpu_s']:.3f}s  GC {out['gc_pause_s'] * 1000:.0f} ms "
+                        f"in {out['gc_collections']} collections, peak RSS {out['peak_rss_mb']:.0f} MB",
+                        flush=True,
+                    )
     finally:
         app.stop()
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"micro_us": [{"what": a, "best_us": b, "median_us": c} for a, b, c in rows], "cold_cpu": cold_rows,
-                                                     "gc": gc_rows}, indent=2))
+        Path(args.json_out).write_text(
+            json.dumps(
+                {
+                    "micro_us": [{"what": a, "best_us": b, "median_us": c} for a, b, c in rows],
+                    "cold_cpu": cold_rows,
+                    "gc": gc_rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -58,8 +58,11 @@ from urllib.parse import parse_qs, urlsplit
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 # the project's shared folder sits beside the checkout (as CI lays it out); SAASBENCH_CONFORMANCE overrides it
-CONFORMANCE_DIR = (Path(os.environ["SAASBENCH_CONFORMANCE"]) if os.environ.get("SAASBENCH_CONFORMANCE")
-                   else Path(__file__).resolve().parents[2] / "shared" / "conformance" / "saasbench")
+CONFORMANCE_DIR = (
+    Path(os.environ["SAASBENCH_CONFORMANCE"])
+    if os.environ.get("SAASBENCH_CONFORMANCE")
+    else Path(__file__).resolve().parents[2] / "shared" / "conformance" / "saasbench"
+)
 
 TARGETS = {"harness_ms_per_http_primitive": 1.0, "engine_over_service_ratio": 1.2}
 
@@ -67,7 +70,14 @@ TARGETS = {"harness_ms_per_http_primitive": 1.0, "engine_over_service_ratio": 1.
 # =================================================================================================
 # The app: a small asyncio HTTP/1.1 keep-alive server answering fixed-shape JSON.
 # =================================================================================================
-_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {
+    200: "OK",
+    201: "Created",
+    204: "No Content",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+}
 
 
 class BenchApp:
@@ -79,8 +89,16 @@ class BenchApp:
         self.work_us = 0
         self.work_mode = "busy"
         self.reset()
-        rows = [{"id": i, "name": f"row-{i}", "amount": i * 3.5, "region": ("eu", "us", "apac")[i % 3], "active": i % 2 == 0}
-                for i in range(60)]
+        rows = [
+            {
+                "id": i,
+                "name": f"row-{i}",
+                "amount": i * 3.5,
+                "region": ("eu", "us", "apac")[i % 3],
+                "active": i % 2 == 0,
+            }
+            for i in range(60)
+        ]
         self._report = json.dumps({"generated": "2026-01-01T00:00:00Z", "rows": rows, "total": len(rows)}).encode()
 
     def reset(self) -> None:
@@ -115,9 +133,15 @@ class BenchApp:
             return 404, b'{"error":"not found"}'
         res = segs[1]
         if res == "auth" and method == "POST":
-            return 200, b'{"access_token":"tok-bench-admin","token_type":"bearer","user":{"id":1,"email":"admin@bench.local","role":"admin"}}'
+            return (
+                200,
+                b'{"access_token":"tok-bench-admin","token_type":"bearer","user":{"id":1,"email":"admin@bench.local","role":"admin"}}',
+            )
         if res == "users" and len(segs) == 3 and segs[2] == "me":
-            return 200, b'{"id":1,"email":"admin@bench.local","role":"admin","name":"Bench Admin","teams":[{"id":7,"name":"core"}]}'
+            return (
+                200,
+                b'{"id":1,"email":"admin@bench.local","role":"admin","name":"Bench Admin","teams":[{"id":7,"name":"core"}]}',
+            )
         if res == "reports":
             return 200, self._report
         if res == "items":
@@ -163,8 +187,15 @@ class BenchApp:
 
     @staticmethod
     def _item(i: int) -> dict[str, Any]:
-        return {"id": i, "name": f"item-{i}", "status": "active", "priority": i % 5, "tags": ["alpha", "beta"],
-                "owner": {"id": 1, "email": "admin@bench.local"}, "created_at": "2026-01-01T00:00:00Z"}
+        return {
+            "id": i,
+            "name": f"item-{i}",
+            "status": "active",
+            "priority": i % 5,
+            "tags": ["alpha", "beta"],
+            "owner": {"id": 1, "email": "admin@bench.local"},
+            "created_at": "2026-01-01T00:00:00Z",
+        }
 
     def control(self, method: str, target: str) -> tuple[int, bytes]:
         parts = urlsplit(target)
@@ -227,7 +258,7 @@ class _HttpProtocol(asyncio.Protocol):
             total = end + 4 + length
             if len(self.buf) < total:
                 return
-            body = bytes(self.buf[end + 4:total])
+            body = bytes(self.buf[end + 4 : total])
             del self.buf[:total]
             control = target.startswith("/__bench/")
             if control:
@@ -251,8 +282,14 @@ class _HttpProtocol(asyncio.Protocol):
                 self.app.requests += 1
                 self.app.per_request_ns.append(spent)
                 # the request as sent (header lines minus Host/Content-Length, which http.client writes itself)
-                headers = [ln.split(":", 1) for ln in lines[1:] if ln[:5].lower() != "host:" and ln[:15].lower() != "content-length:"]
-                self.app.log.append([method, target, body.decode("latin-1") if body else None, [[k, v.strip()] for k, v in headers]])
+                headers = [
+                    ln.split(":", 1)
+                    for ln in lines[1:]
+                    if ln[:5].lower() != "host:" and ln[:15].lower() != "content-length:"
+                ]
+                self.app.log.append(
+                    [method, target, body.decode("latin-1") if body else None, [[k, v.strip()] for k, v in headers]]
+                )
             if close:
                 self.transport.close()
                 self.transport = None
@@ -282,7 +319,9 @@ class AppProcess:
     """The app in its own process; stopped by its pid at the end."""
 
     def __init__(self, cpu: int | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(HERE), "--serve", "--port", "0"], stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE), "--serve", "--port", "0"], stdout=subprocess.PIPE, text=True
+        )
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if not line.startswith("PORT "):
             self.stop()
@@ -325,8 +364,15 @@ CATEGORIES = {
     "delete": ("CRUD", "Delete", "cross_entity"),
 }
 # share of nodes per kind (the real DAGs: ~40-60% are P04+P15+P07, many read back created ids)
-MIX = [("get_assert", 0.40), ("get_status", 0.14), ("create", 0.12), ("read_created", 0.10),
-       ("update_then_get", 0.10), ("report", 0.08), ("delete", 0.06)]
+MIX = [
+    ("get_assert", 0.40),
+    ("get_status", 0.14),
+    ("create", 0.12),
+    ("read_created", 0.10),
+    ("update_then_get", 0.10),
+    ("report", 0.08),
+    ("delete", 0.06),
+]
 
 
 def _p04(method: str, path: str, body: Any = None) -> dict[str, Any]:
@@ -342,7 +388,10 @@ def _p15(status: int) -> dict[str, Any]:
 
 
 def _p07(*assertions: tuple[str, Any, str]) -> dict[str, Any]:
-    return {"type": "P07", "inputs": {"assertions": [{"path": p, "expected": e, "operator": o} for p, e, o in assertions]}}
+    return {
+        "type": "P07",
+        "inputs": {"assertions": [{"path": p, "expected": e, "operator": o} for p, e, o in assertions]},
+    }
 
 
 def make_dag(n_nodes: int, seed: int = 7, fail_share: float = 0.02) -> dict[str, Any]:
@@ -356,15 +405,27 @@ def make_dag(n_nodes: int, seed: int = 7, fail_share: float = 0.02) -> dict[str,
     rng = random.Random(seed)
     kinds, weights = zip(*MIX)
     nodes: list[dict[str, Any]] = [
-        {"id": "HEALTH", "description": "Health endpoint answers 200", "prereqs": [],
-         "steps": [_p04("GET", "/health"), _p15(200), _p07(("$.status", "ok", "equals"))],
-         "scoring": {"category": "Deployment", "subcategory": "Health", "method": "binary", "maxScore": 1},
-         "complexity_tier": "linear_crud"},
-        {"id": "AUTH_ADMIN", "description": "Admin logs in and reads its profile", "prereqs": ["HEALTH"],
-         "steps": [{"type": "P13", "inputs": {"role": "admin"}}, _p04("GET", "/api/users/me"), _p15(200),
-                   _p07(("$.role", "admin", "equals"), ("$.email", None, "exists"))],
-         "scoring": {"category": "Authentication", "subcategory": "Login", "method": "binary", "maxScore": 2},
-         "complexity_tier": "linear_crud"},
+        {
+            "id": "HEALTH",
+            "description": "Health endpoint answers 200",
+            "prereqs": [],
+            "steps": [_p04("GET", "/health"), _p15(200), _p07(("$.status", "ok", "equals"))],
+            "scoring": {"category": "Deployment", "subcategory": "Health", "method": "binary", "maxScore": 1},
+            "complexity_tier": "linear_crud",
+        },
+        {
+            "id": "AUTH_ADMIN",
+            "description": "Admin logs in and reads its profile",
+            "prereqs": ["HEALTH"],
+            "steps": [
+                {"type": "P13", "inputs": {"role": "admin"}},
+                _p04("GET", "/api/users/me"),
+                _p15(200),
+                _p07(("$.role", "admin", "equals"), ("$.email", None, "exists")),
+            ],
+            "scoring": {"category": "Authentication", "subcategory": "Login", "method": "binary", "maxScore": 2},
+            "complexity_tier": "linear_crud",
+        },
     ]
     creates: list[tuple[str, int]] = []  # (node id, index) of create nodes, for read-back chains
     passing: list[str] = ["HEALTH", "AUTH_ADMIN"]
@@ -381,28 +442,50 @@ def make_dag(n_nodes: int, seed: int = 7, fail_share: float = 0.02) -> dict[str,
         k = rng.randrange(1, 5000)
         wrong = "not-the-value" if fail else None
         if kind == "get_assert":
-            steps += [_p04("GET", f"/api/items/{k}"), _p15(200),
-                      _p07(("$.id", k, "equals"), ("$.name", wrong or f"item-{k}", "equals"), ("$.owner.email", None, "exists"))]
+            steps += [
+                _p04("GET", f"/api/items/{k}"),
+                _p15(200),
+                _p07(
+                    ("$.id", k, "equals"), ("$.name", wrong or f"item-{k}", "equals"), ("$.owner.email", None, "exists")
+                ),
+            ]
         elif kind == "get_status":
             path = rng.choice(["/health", "/api/items?page=2", "/api/users/me"])
             steps += [_p04("GET", path), _p15(404 if fail else 200)]
         elif kind == "create":
-            steps += [_p04("POST", "/api/items", {"name": f"bench-{i}", "priority": i % 5, "tags": ["bench", f"n{i}"]}),
-                      _p15(201), _p07(("$.name", f"bench-{i}", "equals"), ("$.id", None, "exists"))]
+            steps += [
+                _p04("POST", "/api/items", {"name": f"bench-{i}", "priority": i % 5, "tags": ["bench", f"n{i}"]}),
+                _p15(201),
+                _p07(("$.name", f"bench-{i}", "equals"), ("$.id", None, "exists")),
+            ]
         elif kind == "read_created":
             src, si = rng.choice(creates[-40:])
             prereqs.append(src)
-            steps += [_p04("GET", f"/api/items/{{{{{src}.created_id}}}}"), _p15(200),
-                      _p07(("$.name", wrong or f"bench-{si}", "equals"), ("$.tags[0]", "bench", "equals"))]
+            steps += [
+                _p04("GET", f"/api/items/{{{{{src}.created_id}}}}"),
+                _p15(200),
+                _p07(("$.name", wrong or f"bench-{si}", "equals"), ("$.tags[0]", "bench", "equals")),
+            ]
         elif kind == "update_then_get":
             src, si = rng.choice(creates[-40:])
             prereqs.append(src)
-            steps += [_p04("PUT", f"/api/items/{{{{{src}.id}}}}", {"status": "archived", "note": f"updated by {node_id}"}),
-                      _p15(200), _p04("GET", f"/api/items/{{{{{src}.id}}}}"), _p15(200),
-                      _p07(("$.status", wrong or "archived", "equals"), ("$.name", f"bench-{si}", "equals"))]
+            steps += [
+                _p04("PUT", f"/api/items/{{{{{src}.id}}}}", {"status": "archived", "note": f"updated by {node_id}"}),
+                _p15(200),
+                _p04("GET", f"/api/items/{{{{{src}.id}}}}"),
+                _p15(200),
+                _p07(("$.status", wrong or "archived", "equals"), ("$.name", f"bench-{si}", "equals")),
+            ]
         elif kind == "report":
-            steps += [_p04("GET", "/api/reports/summary"), _p15(200),
-                      _p07(("$.total", 60, "equals"), ("$.rows[3].region", wrong or "eu", "equals"), ("$.generated", None, "exists"))]
+            steps += [
+                _p04("GET", "/api/reports/summary"),
+                _p15(200),
+                _p07(
+                    ("$.total", 60, "equals"),
+                    ("$.rows[3].region", wrong or "eu", "equals"),
+                    ("$.generated", None, "exists"),
+                ),
+            ]
         elif kind == "delete":
             src, _ = creates.pop(rng.randrange(max(0, len(creates) - 40), len(creates)))
             prereqs.append(src)
@@ -411,14 +494,21 @@ def make_dag(n_nodes: int, seed: int = 7, fail_share: float = 0.02) -> dict[str,
             prereqs.append(rng.choice(passing[-30:]))
         method = "weighted" if kind in ("update_then_get", "report") or rng.random() < 0.1 else "binary"
         category, subcategory, tier = CATEGORIES[kind]
-        nodes.append({
-            "id": node_id,
-            "description": f"Synthetic {kind.replace('_', ' ')} check #{i} against the bench app",
-            "prereqs": list(dict.fromkeys(prereqs)),
-            "steps": steps,
-            "scoring": {"category": category, "subcategory": subcategory, "method": method, "maxScore": rng.choice([1, 1, 2, 3, 5])},
-            "complexity_tier": tier,
-        })
+        nodes.append(
+            {
+                "id": node_id,
+                "description": f"Synthetic {kind.replace('_', ' ')} check #{i} against the bench app",
+                "prereqs": list(dict.fromkeys(prereqs)),
+                "steps": steps,
+                "scoring": {
+                    "category": category,
+                    "subcategory": subcategory,
+                    "method": method,
+                    "maxScore": rng.choice([1, 1, 2, 3, 5]),
+                },
+                "complexity_tier": tier,
+            }
+        )
         if not fail:
             passing.append(node_id)
             if kind == "create":
@@ -469,7 +559,9 @@ def worker_engine(spec: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - t
     issues = {k: sum(1 for i in loaded.issues if i.kind == k) for k in ("warning", "normalisation")}
 
-    ctx = RunContext(Target(base_url=spec["base_url"]), options=RunOptions(), auth_profile=AuthProfile.model_validate(AUTH_PROFILE))
+    ctx = RunContext(
+        Target(base_url=spec["base_url"]), options=RunOptions(), auth_profile=AuthProfile.model_validate(AUTH_PROFILE)
+    )
     if spec.get("gc_threshold"):  # an experiment (bench/engine_hotspots.py): freeze the loaded DAG, collect less often
         gc.collect()
         gc.freeze()
@@ -511,9 +603,20 @@ def worker_engine(spec: dict[str, Any]) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     gc.callbacks.remove(on_gc)
-    out: dict[str, Any] = {"engine_wall_s": wall, "engine_cpu_s": cpu, "gc_pause_s": sum(gc_pauses), "gc_collections": len(gc_pauses), "import_s": import_s, "gen_s": gen_s, "load_s": load_s, "load_issues": issues,
-                           "rss_before_run_mb": rss_before, "maxrss_before_run_mb": maxrss_before, "peak_rss_mb": _maxrss_mb(),
-                           "rss_after_run_mb": _vm_rss_mb()}
+    out: dict[str, Any] = {
+        "engine_wall_s": wall,
+        "engine_cpu_s": cpu,
+        "gc_pause_s": sum(gc_pauses),
+        "gc_collections": len(gc_pauses),
+        "import_s": import_s,
+        "gen_s": gen_s,
+        "load_s": load_s,
+        "load_issues": issues,
+        "rss_before_run_mb": rss_before,
+        "maxrss_before_run_mb": maxrss_before,
+        "peak_rss_mb": _maxrss_mb(),
+        "rss_after_run_mb": _vm_rss_mb(),
+    }
     if use_trace:
         current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
@@ -548,7 +651,10 @@ def worker_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     """Replay the recorded request sequence (method, target, headers, body) on one keep-alive http.client connection."""
     log = json.loads(Path(spec["log_file"]).read_text())
     parts = urlsplit(spec["base_url"])
-    bodies = [(m, target, body.encode("latin-1") if body is not None else None, dict(headers)) for m, target, body, headers in log]
+    bodies = [
+        (m, target, body.encode("latin-1") if body is not None else None, dict(headers))
+        for m, target, body, headers in log
+    ]
     rss_before = _vm_rss_mb()
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -567,7 +673,14 @@ def worker_baseline(spec: dict[str, Any]) -> dict[str, Any]:
     conn.close()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    return {"baseline_wall_s": wall, "baseline_cpu_s": cpu, "requests": len(bodies), "ok": statuses, "rss_before_run_mb": rss_before, "peak_rss_mb": _maxrss_mb()}
+    return {
+        "baseline_wall_s": wall,
+        "baseline_cpu_s": cpu,
+        "requests": len(bodies),
+        "ok": statuses,
+        "rss_before_run_mb": rss_before,
+        "peak_rss_mb": _maxrss_mb(),
+    }
 
 
 # --- how busy the machine is besides us (other users' test runs make timings meaningless) ----------
@@ -609,7 +722,12 @@ class ForeignLoad:
 
     def __enter__(self) -> "ForeignLoad":
         self.t0 = time.perf_counter()
-        self.busy0, self.app0, self.kids0, self.me0 = _system_busy_s(), _pid_cpu_s(self.app_pid), _children_cpu_s(), _self_cpu_s()
+        self.busy0, self.app0, self.kids0, self.me0 = (
+            _system_busy_s(),
+            _pid_cpu_s(self.app_pid),
+            _children_cpu_s(),
+            _self_cpu_s(),
+        )
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -645,8 +763,13 @@ def _pin(spec: dict[str, Any]) -> None:
 
 
 def run_worker(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(HERE), "--worker", kind, json.dumps(spec)], capture_output=True, text=True,
-                          cwd=str(REPO), timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE), "--worker", kind, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        timeout=3600,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -674,9 +797,18 @@ def time_conformance_loads(repeats: int) -> list[dict[str, Any]]:
                 continue
             times.append(time.perf_counter() - t)
             nodes, issues = len(res.dag.nodes), len(res.issues)
-        out.append({"dag": path.parent.name, "bytes": path.stat().st_size, "nodes": nodes, "issues": issues, "error": error,
-                    "min_ms": min(times) * 1000, "median_ms": statistics.median(times) * 1000,
-                    "us_per_node": (min(times) * 1e6 / nodes) if nodes else None})
+        out.append(
+            {
+                "dag": path.parent.name,
+                "bytes": path.stat().st_size,
+                "nodes": nodes,
+                "issues": issues,
+                "error": error,
+                "min_ms": min(times) * 1000,
+                "median_ms": statistics.median(times) * 1000,
+                "us_per_node": (min(times) * 1e6 / nodes) if nodes else None,
+            }
+        )
     return out
 
 
@@ -726,49 +858,104 @@ def bench_level(app: AppProcess, args: argparse.Namespace, work_us: int, tmp: Pa
             "foreign_cpu_s_engine": fl_engine.foreign_s,
             "foreign_cpu_s_baseline": fl_base.foreign_s,
             # clean: other processes used under 5% of a CPU while the engine and the baseline ran
-            "clean": fl_engine.foreign_s <= 0.05 + 0.05 * fl_engine.wall and fl_base.foreign_s <= 0.05 + 0.05 * fl_base.wall,
+            "clean": fl_engine.foreign_s <= 0.05 + 0.05 * fl_engine.wall
+            and fl_base.foreign_s <= 0.05 + 0.05 * fl_base.wall,
         }
         extra_s = run["engine_wall_s"] - run["baseline_wall_s"]
         run["harness_ms_per_http_primitive"] = extra_s * 1000 / max(1, http_prims)
         run["harness_ms_per_step"] = extra_s * 1000 / max(1, steps)
-        run["harness_cpu_ms_per_http_primitive"] = (run["engine_cpu_s"] - run["baseline_cpu_s"]) * 1000 / max(1, http_prims)
+        run["harness_cpu_ms_per_http_primitive"] = (
+            (run["engine_cpu_s"] - run["baseline_cpu_s"]) * 1000 / max(1, http_prims)
+        )
         run["ratio_engine_over_service"] = run["engine_wall_s"] / run["service_s"] if run["service_s"] else float("inf")
-        run["ratio_engine_over_undisturbed_service"] = run["engine_wall_s"] / run["baseline_service_s"] if run["baseline_service_s"] else float("inf")
+        run["ratio_engine_over_undisturbed_service"] = (
+            run["engine_wall_s"] / run["baseline_service_s"] if run["baseline_service_s"] else float("inf")
+        )
         run["ratio_engine_over_baseline"] = run["engine_wall_s"] / run["baseline_wall_s"]
-        run["ratio_baseline_over_service"] = run["baseline_wall_s"] / run["baseline_service_s"] if run["baseline_service_s"] else float("inf")
+        run["ratio_baseline_over_service"] = (
+            run["baseline_wall_s"] / run["baseline_service_s"] if run["baseline_service_s"] else float("inf")
+        )
         # engine/service <= 1.2 needs service S per request >= (engine - service) per request / 0.2, if that cost stayed as it is here
-        run["service_ms_per_request_for_target"] = ((run["engine_wall_s"] - run["service_s"]) * 1000 / max(1, run["requests"])
-                                                     / (TARGETS["engine_over_service_ratio"] - 1))
+        run["service_ms_per_request_for_target"] = (
+            (run["engine_wall_s"] - run["service_s"])
+            * 1000
+            / max(1, run["requests"])
+            / (TARGETS["engine_over_service_ratio"] - 1)
+        )
         run["outside_steps_ms"] = run["engine_wall_s"] * 1000 - sum(eng["step_ms_by_type"].values())
         runs.append(run)
-        log(f"  work_us={work_us} attempt {r + 1}/{attempts} ({'clean' if run['clean'] else 'DISTURBED'}): engine {run['engine_wall_s']:.3f}s (cpu {run['engine_cpu_s']:.3f}s), "
+        log(
+            f"  work_us={work_us} attempt {r + 1}/{attempts} ({'clean' if run['clean'] else 'DISTURBED'}): engine {run['engine_wall_s']:.3f}s (cpu {run['engine_cpu_s']:.3f}s), "
             f"baseline {run['baseline_wall_s']:.3f}s, app service {run['service_s']:.3f}s, {run['requests']} requests, "
             f"{run['harness_ms_per_http_primitive']:.3f} ms/HTTP primitive; other processes used {fl_engine.foreign_s:.2f} CPU-s "
-            f"during the engine worker, {fl_base.foreign_s:.2f} during the baseline")
-    keys = ["engine_wall_s", "engine_cpu_s", "baseline_wall_s", "baseline_cpu_s", "service_s", "baseline_service_s",
-            "harness_ms_per_http_primitive", "harness_ms_per_step", "harness_cpu_ms_per_http_primitive",
-            "ratio_engine_over_service", "ratio_engine_over_undisturbed_service", "ratio_engine_over_baseline", "ratio_baseline_over_service",
-            "peak_rss_mb", "rss_before_run_mb", "baseline_peak_rss_mb", "load_s", "import_s", "build_report_s", "report_json_s",
-            "outside_steps_ms", "gc_pause_s", "gc_collections", "foreign_cpu_s_engine", "foreign_cpu_s_baseline",
-            "service_ms_per_request_for_target"]
+            f"during the engine worker, {fl_base.foreign_s:.2f} during the baseline"
+        )
+    keys = [
+        "engine_wall_s",
+        "engine_cpu_s",
+        "baseline_wall_s",
+        "baseline_cpu_s",
+        "service_s",
+        "baseline_service_s",
+        "harness_ms_per_http_primitive",
+        "harness_ms_per_step",
+        "harness_cpu_ms_per_http_primitive",
+        "ratio_engine_over_service",
+        "ratio_engine_over_undisturbed_service",
+        "ratio_engine_over_baseline",
+        "ratio_baseline_over_service",
+        "peak_rss_mb",
+        "rss_before_run_mb",
+        "baseline_peak_rss_mb",
+        "load_s",
+        "import_s",
+        "build_report_s",
+        "report_json_s",
+        "outside_steps_ms",
+        "gc_pause_s",
+        "gc_collections",
+        "foreign_cpu_s_engine",
+        "foreign_cpu_s_baseline",
+        "service_ms_per_request_for_target",
+    ]
     clean = [r for r in runs if r["clean"]]
     used = clean or runs
-    summary = {k: {"median": _med([r[k] for r in used]), "min": min(r[k] for r in used), "max": max(r[k] for r in used)} for k in keys}
+    summary = {
+        k: {"median": _med([r[k] for r in used]), "min": min(r[k] for r in used), "max": max(r[k] for r in used)}
+        for k in keys
+    }
     first = used[0]
     warnings = []
     if len(clean) < args.repeats:
-        warnings.append(f"only {len(clean)} of {len(runs)} runs were undisturbed by other processes; "
-                        + ("the summary uses all runs" if not clean else "the summary uses the undisturbed ones"))
+        warnings.append(
+            f"only {len(clean)} of {len(runs)} runs were undisturbed by other processes; "
+            + ("the summary uses all runs" if not clean else "the summary uses the undisturbed ones")
+        )
     if len({r["requests"] for r in runs}) > 1:
-        warnings.append(f"request counts differ between repeats: {[r['requests'] for r in runs]} (the app state leaked between runs?)")
+        warnings.append(
+            f"request counts differ between repeats: {[r['requests'] for r in runs]} (the app state leaked between runs?)"
+        )
     if any(r["requests"] != r["baseline_requests"] for r in runs):
         warnings.append("the baseline did not replay every request")
-    step_ms_per_type = {t: _med([r["step_ms_by_type"][t] / r["steps_by_type"][t] for r in used]) for t in first["steps_by_type"]}
-    return {"work_us": work_us, "work_mode": args.work_mode, "summary": summary, "runs": runs, "warnings": warnings,
-            "clean_runs": len(clean), "runs_in_summary": len(used),
-            "requests": first["requests"], "http_primitives": first["http_primitives"], "steps": first["steps"],
-            "steps_by_type": first["steps_by_type"], "mean_step_ms_by_type": step_ms_per_type, "counts": first["counts"],
-            "sample_problems": first["sample_problems"]}
+    step_ms_per_type = {
+        t: _med([r["step_ms_by_type"][t] / r["steps_by_type"][t] for r in used]) for t in first["steps_by_type"]
+    }
+    return {
+        "work_us": work_us,
+        "work_mode": args.work_mode,
+        "summary": summary,
+        "runs": runs,
+        "warnings": warnings,
+        "clean_runs": len(clean),
+        "runs_in_summary": len(used),
+        "requests": first["requests"],
+        "http_primitives": first["http_primitives"],
+        "steps": first["steps"],
+        "steps_by_type": first["steps_by_type"],
+        "mean_step_ms_by_type": step_ms_per_type,
+        "counts": first["counts"],
+        "sample_problems": first["sample_problems"],
+    }
 
 
 def machine_info() -> dict[str, Any]:
@@ -780,8 +967,14 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "implementation": platform.python_implementation(),
-            "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "loadavg_at_start": os.getloadavg(),
+    }
 
 
 def print_tables(result: dict[str, Any]) -> None:
@@ -793,32 +986,64 @@ def print_tables(result: dict[str, Any]) -> None:
         return
     con = Console(width=max(170, Console().width))
     m = result["machine"]
-    con.print(f"[bold]engine overhead[/] nodes={result['nodes']} repeats={result['repeats']} nproc={m['nproc']} python={m['python']} "
-              f"cpu={m['cpu']} loadavg={m['loadavg_at_start']}")
+    con.print(
+        f"[bold]engine overhead[/] nodes={result['nodes']} repeats={result['repeats']} nproc={m['nproc']} python={m['python']} "
+        f"cpu={m['cpu']} loadavg={m['loadavg_at_start']}"
+    )
 
     def f(s: dict[str, Any], k: str, fmt: str = "{:.3f}") -> str:
         return f"{fmt.format(s[k]['median'])} [{fmt.format(s[k]['min'])}..{fmt.format(s[k]['max'])}]"
 
     t = Table(title="Engine vs the app's own service time (median of the undisturbed runs [min..max])")
-    for col in ("app work/req µs", "runs", "requests", "P04", "steps", "engine wall s", "baseline wall s", "app service s",
-                "harness ms/P04 (wall)", "harness ms/P04 (cpu)", "engine/service", "engine/baseline", "1.2x needs ms/req"):
+    for col in (
+        "app work/req µs",
+        "runs",
+        "requests",
+        "P04",
+        "steps",
+        "engine wall s",
+        "baseline wall s",
+        "app service s",
+        "harness ms/P04 (wall)",
+        "harness ms/P04 (cpu)",
+        "engine/service",
+        "engine/baseline",
+        "1.2x needs ms/req",
+    ):
         t.add_column(col, justify="right")
     for lvl in result["levels"]:
         s = lvl["summary"]
-        t.add_row(str(lvl["work_us"]), f"{lvl['runs_in_summary']}" + ("" if lvl["clean_runs"] else " (disturbed)"), str(lvl["requests"]), str(lvl["http_primitives"]), str(lvl["steps"]), f(s, "engine_wall_s"),
-                  f(s, "baseline_wall_s"), f(s, "service_s"), f(s, "harness_ms_per_http_primitive"), f(s, "harness_cpu_ms_per_http_primitive"),
-                  f(s, "ratio_engine_over_service", "{:.2f}"), f(s, "ratio_engine_over_baseline", "{:.2f}"),
-                  f"{s['service_ms_per_request_for_target']['median']:.1f}")
+        t.add_row(
+            str(lvl["work_us"]),
+            f"{lvl['runs_in_summary']}" + ("" if lvl["clean_runs"] else " (disturbed)"),
+            str(lvl["requests"]),
+            str(lvl["http_primitives"]),
+            str(lvl["steps"]),
+            f(s, "engine_wall_s"),
+            f(s, "baseline_wall_s"),
+            f(s, "service_s"),
+            f(s, "harness_ms_per_http_primitive"),
+            f(s, "harness_cpu_ms_per_http_primitive"),
+            f(s, "ratio_engine_over_service", "{:.2f}"),
+            f(s, "ratio_engine_over_baseline", "{:.2f}"),
+            f"{s['service_ms_per_request_for_target']['median']:.1f}",
+        )
     con.print(t)
     lvl0 = result["levels"][0]
     s0 = lvl0["summary"]
-    t2 = Table(title=f"Mean step duration by primitive, app work {lvl0['work_us']} µs (report step records; P04 includes the app)")
+    t2 = Table(
+        title=f"Mean step duration by primitive, app work {lvl0['work_us']} µs (report step records; P04 includes the app)"
+    )
     t2.add_column("primitive")
     t2.add_column("count", justify="right")
     t2.add_column("mean ms", justify="right")
     for code, ms in sorted(lvl0["mean_step_ms_by_type"].items()):
         t2.add_row(code, str(lvl0["steps_by_type"][code]), f"{ms:.3f}")
-    t2.add_row("outside steps, per node", str(lvl0["runs"][0]["nodes_run"]), f"{s0['outside_steps_ms']['median'] / max(1, lvl0['runs'][0]['nodes_run']):.3f}")
+    t2.add_row(
+        "outside steps, per node",
+        str(lvl0["runs"][0]["nodes_run"]),
+        f"{s0['outside_steps_ms']['median'] / max(1, lvl0['runs'][0]['nodes_run']):.3f}",
+    )
     con.print(t2)
     mem = result.get("memory") or {}
     other = Table(title=f"Other numbers (app work {lvl0['work_us']} µs; medians)")
@@ -826,23 +1051,44 @@ def print_tables(result: dict[str, Any]) -> None:
     other.add_column("value", justify="right")
     st = lvl0["runs"][0]["app_stats"]
     bst = lvl0["runs"][0]["app_stats_baseline"]
-    other.add_row("CPU-s used by other processes during engine / baseline workers", f"{s0['foreign_cpu_s_engine']['median']:.2f} / {s0['foreign_cpu_s_baseline']['median']:.2f}")
+    other.add_row(
+        "CPU-s used by other processes during engine / baseline workers",
+        f"{s0['foreign_cpu_s_engine']['median']:.2f} / {s0['foreign_cpu_s_baseline']['median']:.2f}",
+    )
     other.add_row("node statuses", ", ".join(f"{k}={v}" for k, v in lvl0["counts"].items() if v))
-    other.add_row("app service per request p50 / p99 µs (engine run)", f"{st.get('service_us_p50', 0):.0f} / {st.get('service_us_p99', 0):.0f}")
-    other.add_row("app service per request p50 / p99 µs (baseline run)", f"{bst.get('service_us_p50', 0):.0f} / {bst.get('service_us_p99', 0):.0f}")
-    other.add_row("baseline client wall per request µs", f"{s0['baseline_wall_s']['median'] * 1e6 / max(1, lvl0['requests']):.0f}")
+    other.add_row(
+        "app service per request p50 / p99 µs (engine run)",
+        f"{st.get('service_us_p50', 0):.0f} / {st.get('service_us_p99', 0):.0f}",
+    )
+    other.add_row(
+        "app service per request p50 / p99 µs (baseline run)",
+        f"{bst.get('service_us_p50', 0):.0f} / {bst.get('service_us_p99', 0):.0f}",
+    )
+    other.add_row(
+        "baseline client wall per request µs", f"{s0['baseline_wall_s']['median'] * 1e6 / max(1, lvl0['requests']):.0f}"
+    )
     other.add_row("load_dag_data, synthetic DAG ms", f"{s0['load_s']['median'] * 1000:.1f}")
     other.add_row("import saasbench + primitives ms (once per process)", f"{s0['import_s']['median'] * 1000:.1f}")
     other.add_row("build_report ms (inside engine wall)", f"{s0['build_report_s']['median'] * 1000:.1f}")
     other.add_row("report.model_dump_json ms (not in engine wall)", f"{s0['report_json_s']['median'] * 1000:.1f}")
-    other.add_row("GC pauses during run: total ms / collections", f"{s0['gc_pause_s']['median'] * 1000:.1f} / {s0['gc_collections']['median']:.0f}")
-    other.add_row("RSS before run / peak RSS MB (engine process)", f"{s0['rss_before_run_mb']['median']:.1f} / {s0['peak_rss_mb']['median']:.1f}")
+    other.add_row(
+        "GC pauses during run: total ms / collections",
+        f"{s0['gc_pause_s']['median'] * 1000:.1f} / {s0['gc_collections']['median']:.0f}",
+    )
+    other.add_row(
+        "RSS before run / peak RSS MB (engine process)",
+        f"{s0['rss_before_run_mb']['median']:.1f} / {s0['peak_rss_mb']['median']:.1f}",
+    )
     other.add_row("peak RSS MB (baseline process)", f"{s0['baseline_peak_rss_mb']['median']:.1f}")
     if mem:
         other.add_row("tracemalloc peak during run MB", f"{mem['tracemalloc_peak_mb']:.2f}")
-        other.add_row("tracemalloc retained after run MB (report + run context)", f"{mem['tracemalloc_retained_mb']:.2f}")
-        other.add_row("tracemalloc peak per node / per step KB",
-                      f"{mem['tracemalloc_peak_mb'] * 1024 / max(1, lvl0['runs'][0]['nodes_run']):.1f} / {mem['tracemalloc_peak_mb'] * 1024 / max(1, lvl0['steps']):.1f}")
+        other.add_row(
+            "tracemalloc retained after run MB (report + run context)", f"{mem['tracemalloc_retained_mb']:.2f}"
+        )
+        other.add_row(
+            "tracemalloc peak per node / per step KB",
+            f"{mem['tracemalloc_peak_mb'] * 1024 / max(1, lvl0['runs'][0]['nodes_run']):.1f} / {mem['tracemalloc_peak_mb'] * 1024 / max(1, lvl0['steps']):.1f}",
+        )
         other.add_row("report.json size MB", f"{mem['report_json_mb']:.2f}")
     con.print(other)
     for lvl in result["levels"]:
@@ -853,8 +1099,15 @@ def print_tables(result: dict[str, Any]) -> None:
         for col in ("dag", "KB", "nodes", "issues", "min ms", "median ms", "µs/node"):
             t3.add_column(col, justify="right")
         for row in result["conformance_loads"]:
-            t3.add_row(row["dag"], f"{row['bytes'] / 1024:.0f}", str(row["nodes"]), str(row["issues"]) if not row["error"] else row["error"],
-                       f"{row['min_ms']:.1f}", f"{row['median_ms']:.1f}", f"{row['us_per_node']:.0f}" if row["us_per_node"] else "-")
+            t3.add_row(
+                row["dag"],
+                f"{row['bytes'] / 1024:.0f}",
+                str(row["nodes"]),
+                str(row["issues"]) if not row["error"] else row["error"],
+                f"{row['min_ms']:.1f}",
+                f"{row['median_ms']:.1f}",
+                f"{row['us_per_node']:.0f}" if row["us_per_node"] else "-",
+            )
         con.print(t3)
     else:
         con.print(f"(conformance DAGs not found under {CONFORMANCE_DIR}; loader timing skipped)")
@@ -863,18 +1116,43 @@ def print_tables(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=1500)
-    ap.add_argument("--repeats", type=int, default=3, help="undisturbed runs wanted per app work level (the summary is their median)")
-    ap.add_argument("--retries", type=int, default=4, help="extra attempts per level when other processes disturbed a run")
-    ap.add_argument("--work-us", default="0,1000,5000,10000", help="comma-separated app service delays per request (microseconds)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="undisturbed runs wanted per app work level (the summary is their median)",
+    )
+    ap.add_argument(
+        "--retries", type=int, default=4, help="extra attempts per level when other processes disturbed a run"
+    )
+    ap.add_argument(
+        "--work-us", default="0,1000,5000,10000", help="comma-separated app service delays per request (microseconds)"
+    )
     ap.add_argument("--work-mode", choices=["busy", "sleep"], default="busy")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--pin", action="store_true", help="pin the app to CPU 1 and the client to CPU 0 (measured slower on a 2-core VM: cross-CPU wake-ups)")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the app to CPU 1 and the client to CPU 0 (measured slower on a 2-core VM: cross-CPU wake-ups)",
+    )
     ap.add_argument("--json", dest="json_out", help="write every number here")
-    ap.add_argument("--quiet-threshold", type=float, default=0.3, help="before each measured run wait until other processes use under this many CPUs")
-    ap.add_argument("--quiet-timeout", type=float, default=120.0, help="how long to wait for a quiet machine before measuring anyway (s)")
+    ap.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.3,
+        help="before each measured run wait until other processes use under this many CPUs",
+    )
+    ap.add_argument(
+        "--quiet-timeout",
+        type=float,
+        default=120.0,
+        help="how long to wait for a quiet machine before measuring anyway (s)",
+    )
     ap.add_argument("--no-memory", action="store_true", help="skip the extra tracemalloc run")
     ap.add_argument("--load-repeats", type=int, default=5)
-    ap.add_argument("--profile", help="cProfile one engine run (first --work-us level) into this file and print the top functions")
+    ap.add_argument(
+        "--profile", help="cProfile one engine run (first --work-us level) into this file and print the top functions"
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -901,8 +1179,15 @@ def main(argv: list[str] | None = None) -> int:
         log(f"primitives not available yet: {', '.join(missing)}; the engine run would only measure ERROR nodes")
         return 2
     levels = [int(x) for x in str(args.work_us).split(",") if x.strip()]
-    result: dict[str, Any] = {"nodes": args.nodes, "repeats": args.repeats, "seed": args.seed, "machine": machine_info(),
-                              "targets": TARGETS, "command": " ".join([Path(sys.executable).name, *sys.argv]), "levels": []}
+    result: dict[str, Any] = {
+        "nodes": args.nodes,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "machine": machine_info(),
+        "targets": TARGETS,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "levels": [],
+    }
     app = AppProcess(cpu=1 if args.pin else None)
     try:
         with tempfile.TemporaryDirectory(prefix="saasbench-bench-") as tmpdir:
@@ -917,8 +1202,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile:
                 app.call(f"/__bench/config?work_us={levels[0]}&mode={args.work_mode}")
                 app.call("/__bench/reset")
-                out = run_worker("engine", {"nodes": args.nodes, "seed": args.seed, "base_url": app.base_url, "profile": args.profile,
-                                            "cpu": 0 if args.pin else None})
+                out = run_worker(
+                    "engine",
+                    {
+                        "nodes": args.nodes,
+                        "seed": args.seed,
+                        "base_url": app.base_url,
+                        "profile": args.profile,
+                        "cpu": 0 if args.pin else None,
+                    },
+                )
                 log(f"profiled engine run: {out['engine_wall_s']:.3f}s (cProfile inflates it); stats in {args.profile}")
                 import pstats
 
@@ -932,9 +1225,20 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_memory:
                 app.call("/__bench/config?work_us=0")
                 app.call("/__bench/reset")
-                mem = run_worker("engine", {"nodes": args.nodes, "seed": args.seed, "base_url": app.base_url, "tracemalloc": True})
-                result["memory"] = {k: mem[k] for k in ("tracemalloc_peak_mb", "tracemalloc_retained_mb", "report_json_mb", "peak_rss_mb",
-                                                        "rss_before_run_mb", "engine_wall_s")}
+                mem = run_worker(
+                    "engine", {"nodes": args.nodes, "seed": args.seed, "base_url": app.base_url, "tracemalloc": True}
+                )
+                result["memory"] = {
+                    k: mem[k]
+                    for k in (
+                        "tracemalloc_peak_mb",
+                        "tracemalloc_retained_mb",
+                        "report_json_mb",
+                        "peak_rss_mb",
+                        "rss_before_run_mb",
+                        "engine_wall_s",
+                    )
+                }
             result["machine"]["loadavg_at_end"] = os.getloadavg()
     finally:
         app.stop()
@@ -944,9 +1248,11 @@ def main(argv: list[str] | None = None) -> int:
         s = lvl["summary"]
         ok_h = s["harness_ms_per_http_primitive"]["median"] < TARGETS["harness_ms_per_http_primitive"]
         ok_r = s["ratio_engine_over_service"]["median"] <= TARGETS["engine_over_service_ratio"]
-        print(f"app work {lvl['work_us']:>6} µs/request: harness {s['harness_ms_per_http_primitive']['median']:.3f} ms per P04 "
-              f"({'meets' if ok_h else 'misses'} < {TARGETS['harness_ms_per_http_primitive']:g} ms); engine/service "
-              f"{s['ratio_engine_over_service']['median']:.2f} ({'meets' if ok_r else 'misses'} <= {TARGETS['engine_over_service_ratio']:g}x)")
+        print(
+            f"app work {lvl['work_us']:>6} µs/request: harness {s['harness_ms_per_http_primitive']['median']:.3f} ms per P04 "
+            f"({'meets' if ok_h else 'misses'} < {TARGETS['harness_ms_per_http_primitive']:g} ms); engine/service "
+            f"{s['ratio_engine_over_service']['median']:.2f} ({'meets' if ok_r else 'misses'} <= {TARGETS['engine_over_service_ratio']:g}x)"
+        )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2, default=str))
         log(f"wrote {args.json_out}")

@@ -112,8 +112,13 @@ def base_image(client: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    r = subprocess.run(["bash", str(REPO / "infra" / "base-image" / "build.sh"), "--tar-only"],
-                       capture_output=True, text=True, timeout=900, check=False)
+    r = subprocess.run(
+        ["bash", str(REPO / "infra" / "base-image" / "build.sh"), "--tar-only"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     out["tarball_lookup_s"] = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"build.sh --tar-only failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -131,8 +136,11 @@ def base_image(client: Any) -> dict[str, Any]:
         repo, tag = BASE_IMAGE.split(":")
         t0 = time.perf_counter()
         client.api.import_image_from_file(
-            tar, repository=repo, tag=tag,
-            changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'])
+            tar,
+            repository=repo,
+            tag=tag,
+            changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'],
+        )
         client.images.get(BASE_IMAGE)
         out["cold_import_s"] = time.perf_counter() - t0
     warm = []
@@ -237,8 +245,13 @@ def machine() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return {"nproc": os.cpu_count(), "cpu": cpu, "mem_mib": mem, "kernel": platform.release(),
-            "python": platform.python_version()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_mib": mem,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
 
 
 def fmt(v: float | None) -> str:
@@ -259,18 +272,26 @@ def print_report(res: dict[str, Any]) -> None:
     for key, label in PHASES:
         vals = [cold[key]] + [w[key] for w in warms]
         rows.append([label] + [fmt(v) for v in vals] + [fmt(statistics.median(w[key] for w in warms))])
-    rows.append(["new builds (builds.jsonl)"] + [str(cold["new_builds"])] + [str(w["new_builds"]) for w in warms]
-                + [str(sum(w["new_builds"] for w in warms))])
+    rows.append(
+        ["new builds (builds.jsonl)"]
+        + [str(cold["new_builds"])]
+        + [str(w["new_builds"]) for w in warms]
+        + [str(sum(w["new_builds"] for w in warms))]
+    )
     widths = [max(len(str(r[i])) for r in [heads] + rows) for i in range(len(heads))]
     print("\n" + "  ".join(h.ljust(widths[i]) if i == 0 else h.rjust(widths[i]) for i, h in enumerate(heads)))
     for r in rows:
         print("  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
-    print(f"\nverdict: warm builds = {res['warm_builds']} -> {'PASS' if res['warm_builds'] == 0 else 'FAIL'}; "
-          f"warm ensure median {fmt(res['warm_ensure_median_s'])} s vs cold {fmt(cold['ensure_s'])} s")
+    print(
+        f"\nverdict: warm builds = {res['warm_builds']} -> {'PASS' if res['warm_builds'] == 0 else 'FAIL'}; "
+        f"warm ensure median {fmt(res['warm_ensure_median_s'])} s vs cold {fmt(cold['ensure_s'])} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--warm", type=int, default=3, help="warm repeats (default 3)")
     ap.add_argument("--json", type=Path, help="write every number to this file")
     args = ap.parse_args(argv)
@@ -284,10 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     pid = engine.proc.pid if engine.proc is not None else None
     print(f"engine: {engine.kind}" + (f" (dockerd pid {pid}, root {engine.root})" if pid else ""), flush=True)
     try:
-        res: dict[str, Any] = {"machine": machine(),
-                               "engine": {"kind": engine.kind, "driver": engine.driver, "version": engine.version,
-                                          "start_s": engine.start_s},
-                               "dockerfile": DOCKERFILE}
+        res: dict[str, Any] = {
+            "machine": machine(),
+            "engine": {
+                "kind": engine.kind,
+                "driver": engine.driver,
+                "version": engine.version,
+                "start_s": engine.start_s,
+            },
+            "dockerfile": DOCKERFILE,
+        }
         print("base image ...", flush=True)
         res["base_image"] = base_image(engine.client)
         ctx = make_context(work, task)

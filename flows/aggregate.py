@@ -28,10 +28,14 @@ def publish_artifacts(spec: core.SweepSpec, agg: dict[str, Any]) -> None:
     create_markdown_artifact(
         key=artifact_key(spec.sweep_id, "leaderboard"),
         markdown=f"# Leaderboard: sweep `{spec.sweep_id}`\n\n{agg['markdown']}",
-        description=f"SaaSBench sweep {spec.sweep_id}: Pass@1 and deterministic score per agent/model")
+        description=f"SaaSBench sweep {spec.sweep_id}: Pass@1 and deterministic score per agent/model",
+    )
     if agg.get("html"):
-        create_link_artifact(key=artifact_key(spec.sweep_id, "report"), link=Path(agg["html"]).as_uri(),
-                             link_text=f"HTML report of sweep {spec.sweep_id}")
+        create_link_artifact(
+            key=artifact_key(spec.sweep_id, "report"),
+            link=Path(agg["html"]).as_uri(),
+            link_text=f"HTML report of sweep {spec.sweep_id}",
+        )
 
 
 @flow(name="aggregate", flow_run_name="aggregate {sweep_id}")

@@ -14,9 +14,16 @@ from saasbench.failures import TaskDefect
 
 
 @task(name="evaluate", retries=0)
-def evaluate_task(task_id: str, base_url: str, node_timeout_s: float = 120.0, workspace: str | None = None,
-                  db_dsn: str | None = None, judge_model: str | None = None, judge_api_base: str | None = None,
-                  judge_api_key_env: str | None = None) -> dict:
+def evaluate_task(
+    task_id: str,
+    base_url: str,
+    node_timeout_s: float = 120.0,
+    workspace: str | None = None,
+    db_dsn: str | None = None,
+    judge_model: str | None = None,
+    judge_api_base: str | None = None,
+    judge_api_key_env: str | None = None,
+) -> dict:
     from pathlib import Path
 
     from saasbench.catalog.tasks import load_task
@@ -34,13 +41,21 @@ def evaluate_task(task_id: str, base_url: str, node_timeout_s: float = 120.0, wo
         from saasbench.services.judge import Judge, JudgeConfig
 
         judge = Judge(JudgeConfig(model=judge_model, api_base=judge_api_base, api_key_env=judge_api_key_env))
-    target = Target(base_url=base_url, workspace=Path(workspace) if workspace else None, db_dsn=db_dsn, task_id=t.id,
-                    origin_aliases=t.app_origins)
-    report = evaluate(dag, target, options=RunOptions(node_timeout_s=node_timeout_s), auth_profile=t.spec.auth, judge=judge)
+    target = Target(
+        base_url=base_url,
+        workspace=Path(workspace) if workspace else None,
+        db_dsn=db_dsn,
+        task_id=t.id,
+        origin_aliases=t.app_origins,
+    )
+    report = evaluate(
+        dag, target, options=RunOptions(node_timeout_s=node_timeout_s), auth_profile=t.spec.auth, judge=judge
+    )
     return report.summary.model_dump()
 
 
 @flow(name="evaluate", flow_run_name="evaluate {task_id} @ {base_url}")
-def evaluate_flow(task_id: str, base_url: str, workspace: str | None = None, db_dsn: str | None = None,
-                  judge_model: str | None = None) -> dict:
+def evaluate_flow(
+    task_id: str, base_url: str, workspace: str | None = None, db_dsn: str | None = None, judge_model: str | None = None
+) -> dict:
     return evaluate_task(task_id, base_url, workspace=workspace, db_dsn=db_dsn, judge_model=judge_model)

@@ -67,11 +67,15 @@ def _run_name() -> str:
     return f"sweep {spec.get('sweep_id') if isinstance(spec, dict) else spec}"
 
 
-@flow(name="sweep", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
-      log_prints=True)
-def sweep_flow(spec: dict[str, Any] | str, concurrency: int | None = None, report_dir: str | None = None,
-               dispatch: Literal["local", "deployment"] = "local", trial_deployment: str = "trial/trial",
-               poll_seconds: float = 2.0) -> dict[str, Any]:
+@flow(name="sweep", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=True)
+def sweep_flow(
+    spec: dict[str, Any] | str,
+    concurrency: int | None = None,
+    report_dir: str | None = None,
+    dispatch: Literal["local", "deployment"] = "local",
+    trial_deployment: str = "trial/trial",
+    poll_seconds: float = 2.0,
+) -> dict[str, Any]:
     """Run a sweep: ``spec`` is a SweepSpec dict or a YAML path. Returns outcomes and the leaderboard.
 
     ``dispatch="deployment"`` runs each trial as a flow run of ``trial_deployment`` (the work
@@ -83,8 +87,15 @@ def sweep_flow(spec: dict[str, Any] | str, concurrency: int | None = None, repor
     write_sweep_row_task(sw)
     set_limits = limits_task(sw)
     todo = pending_task(sw)
-    logger.info("sweep %s: %d planned, %d pending, concurrency %d, dispatch %s, limits %s", sw.sweep_id,
-                len(core.plan(sw)), len(todo), sw.concurrency, dispatch, set_limits or "none")
+    logger.info(
+        "sweep %s: %d planned, %d pending, concurrency %d, dispatch %s, limits %s",
+        sw.sweep_id,
+        len(core.plan(sw)),
+        len(todo),
+        sw.concurrency,
+        dispatch,
+        set_limits or "none",
+    )
     if dispatch == "deployment":
         outcomes = dispatch_deployments(sw, todo, trial_deployment, poll_seconds=poll_seconds)
     elif dispatch == "local":
@@ -116,16 +127,22 @@ def _run_local(sw: core.SweepSpec, todo: list[core.TrialSpec]) -> dict[str, str]
 
 def trial_parameters(trial: core.TrialSpec, sw: core.SweepSpec) -> dict[str, Any]:
     """Parameters of the ``trial`` flow for one trial of the sweep."""
-    return {"task": trial.task, "agent": trial.agent, "model": trial.model, "attempt": trial.attempt,
-            "sweep": sw.model_dump(mode="json")}
+    return {
+        "task": trial.task,
+        "agent": trial.agent,
+        "model": trial.model,
+        "attempt": trial.attempt,
+        "sweep": sw.model_dump(mode="json"),
+    }
 
 
 def _read_state(client: Any, flow_run_id: Any) -> Any:
     return client.read_flow_run(flow_run_id).state
 
 
-def dispatch_deployments(sw: core.SweepSpec, todo: list[core.TrialSpec], trial_deployment: str = "trial/trial", *,
-                         poll_seconds: float = 2.0) -> dict[str, str]:
+def dispatch_deployments(
+    sw: core.SweepSpec, todo: list[core.TrialSpec], trial_deployment: str = "trial/trial", *, poll_seconds: float = 2.0
+) -> dict[str, str]:
     """Run ``todo`` as flow runs of ``trial_deployment`` (at most ``sw.concurrency`` at once) and
     wait for them; returns ``{trial_id: outcome}`` (outcomes read back from the lake)."""
     from prefect.client.orchestration import get_client
@@ -145,11 +162,21 @@ def dispatch_deployments(sw: core.SweepSpec, todo: list[core.TrialSpec], trial_d
                 when = None
                 if crashes:
                     when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=sw.delay(crashes - 1))
-                run = run_deployment(trial_deployment, parameters=trial_parameters(trial, sw), scheduled_time=when,
-                                     timeout=0, tags=["saasbench", f"sweep:{sw.sweep_id}"],
-                                     idempotency_key=f"{parent}:{trial.trial_id}:{crashes}")
-                logger.info("%s: flow run %s (%s)%s", trial.label, run.name, run.id,
-                            f", dispatch {crashes + 1}" if crashes else "")
+                run = run_deployment(
+                    trial_deployment,
+                    parameters=trial_parameters(trial, sw),
+                    scheduled_time=when,
+                    timeout=0,
+                    tags=["saasbench", f"sweep:{sw.sweep_id}"],
+                    idempotency_key=f"{parent}:{trial.trial_id}:{crashes}",
+                )
+                logger.info(
+                    "%s: flow run %s (%s)%s",
+                    trial.label,
+                    run.name,
+                    run.id,
+                    f", dispatch {crashes + 1}" if crashes else "",
+                )
                 inflight[run.id] = (trial, crashes)
             if not inflight:
                 break
@@ -166,8 +193,14 @@ def dispatch_deployments(sw: core.SweepSpec, todo: list[core.TrialSpec], trial_d
                     if committed is not None:  # crashed after its commit: the trial is done
                         outcomes[trial.trial_id] = committed
                     elif crashes < sw.retries:
-                        logger.warning("%s: flow run %s crashed (%s); dispatching again (%d/%d)", trial.label,
-                                       run_id, state.message, crashes + 1, sw.retries)
+                        logger.warning(
+                            "%s: flow run %s crashed (%s); dispatching again (%d/%d)",
+                            trial.label,
+                            run_id,
+                            state.message,
+                            crashes + 1,
+                            sw.retries,
+                        )
                         queue.append((trial, crashes + 1))
                     else:
                         exc = EnvError(f"trial flow run {run_id} crashed {crashes + 1} time(s): {state.message}")

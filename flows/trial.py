@@ -43,8 +43,13 @@ def _flow_run_name() -> str:
     return f"trial {p.get('task')}/{p.get('agent')}/{p.get('model') or 'none'}#{p.get('attempt', 0)}"
 
 
-@task(name="run-trial", retries=2, retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=retry_infra_only,
-      task_run_name=_task_run_name)
+@task(
+    name="run-trial",
+    retries=2,
+    retry_delay_seconds=RETRY_DELAYS,
+    retry_condition_fn=retry_infra_only,
+    task_run_name=_task_run_name,
+)
 def run_trial_task(trial: core.TrialSpec, spec: core.SweepSpec) -> str:
     return core.run_trial(trial, spec)
 
@@ -59,26 +64,48 @@ def _trial_spec(task: str, agent: str, model: str | None, attempt: int) -> core.
 
 
 @flow(name="trial", flow_run_name=_flow_run_name, log_prints=True)
-def trial_flow(task: str, agent: str, model: str | None = None, attempt: int = 0, sweep: dict | None = None,
-               retries: int | None = None, retry_delays: list[float] | None = None) -> str:
+def trial_flow(
+    task: str,
+    agent: str,
+    model: str | None = None,
+    attempt: int = 0,
+    sweep: dict | None = None,
+    retries: int | None = None,
+    retry_delays: list[float] | None = None,
+) -> str:
     """Run one trial and commit it; returns the outcome. ``sweep`` is a SweepSpec dict (sweep_id,
     backend, lake, ...); without it a one-trial sweep ``run-<task>-<agent>`` is used."""
-    spec = core.SweepSpec.load(sweep or {"sweep_id": f"run-{core.id_part(task)}-{core.id_part(agent)}",
-                                         "tasks": [task], "agents": [agent], "models": [model]})
+    spec = core.SweepSpec.load(
+        sweep
+        or {
+            "sweep_id": f"run-{core.id_part(task)}-{core.id_part(agent)}",
+            "tasks": [task],
+            "agents": [agent],
+            "models": [model],
+        }
+    )
     trial = _trial_spec(task, agent, model, attempt)
     set_limits = limits.ensure_prefect_limits(limits.configure_from_spec(spec))
-    get_run_logger().info("trial %s of sweep %s on host %s pid %d worker %s; limits %s", trial.trial_id, spec.sweep_id,
-                          socket.gethostname(), os.getpid(), os.environ.get("PREFECT__WORKER_NAME") or "-",
-                          set_limits or "none")
+    get_run_logger().info(
+        "trial %s of sweep %s on host %s pid %d worker %s; limits %s",
+        trial.trial_id,
+        spec.sweep_id,
+        socket.gethostname(),
+        os.getpid(),
+        os.environ.get("PREFECT__WORKER_NAME") or "-",
+        set_limits or "none",
+    )
     return run_trial_with_retries(trial, spec, retries=retries, retry_delays=retry_delays)
 
 
-def run_trial_with_retries(trial: core.TrialSpec, spec: core.SweepSpec, *, retries: int | None = None,
-                           retry_delays: list[float] | None = None) -> str:
+def run_trial_with_retries(
+    trial: core.TrialSpec, spec: core.SweepSpec, *, retries: int | None = None, retry_delays: list[float] | None = None
+) -> str:
     """Call the run-trial task (inside a flow) with the spec's retry policy; record the final failure."""
     delays = retry_delays if retry_delays is not None else spec.retry_delays
-    runner = run_trial_task.with_options(retries=spec.retries if retries is None else retries,
-                                         retry_delay_seconds=list(delays) or 0)
+    runner = run_trial_task.with_options(
+        retries=spec.retries if retries is None else retries, retry_delay_seconds=list(delays) or 0
+    )
     try:
         return runner(trial, spec)
     except Exception as exc:

@@ -10,7 +10,18 @@ from saasbench.primitives.registry import REGISTRY, PrimitiveInputs, PrimitiveSp
 __all__ = ["REGISTRY", "PrimitiveInputs", "PrimitiveSpec", "primitive", "load_builtin_primitives"]
 
 # P21 (log check + WebSocket dialect) is registered by "websocket", which builds on "container".
-_BUILTIN_MODULES = ("files", "http", "assertions", "auth", "container", "websocket", "db", "judge", "browser", "integrations")
+_BUILTIN_MODULES = (
+    "files",
+    "http",
+    "assertions",
+    "auth",
+    "container",
+    "websocket",
+    "db",
+    "judge",
+    "browser",
+    "integrations",
+)
 
 
 def load_builtin_primitives() -> None:

@@ -40,43 +40,107 @@ _NAME = re.compile(r"^[A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])*$")
 
 # --- vocabulary ----------------------------------------------------------------------------------
 OPERATORS: dict[str, str] = {
-    "equals": "equals", "equal": "equals", "eq": "equals", "==": "equals", "=": "equals",
-    "not_equals": "not_equals", "not_equal": "not_equals", "ne": "not_equals", "neq": "not_equals", "!=": "not_equals",
-    "contains": "contains", "not_contains": "not_contains", "contains_text": "contains_text",
+    "equals": "equals",
+    "equal": "equals",
+    "eq": "equals",
+    "==": "equals",
+    "=": "equals",
+    "not_equals": "not_equals",
+    "not_equal": "not_equals",
+    "ne": "not_equals",
+    "neq": "not_equals",
+    "!=": "not_equals",
+    "contains": "contains",
+    "not_contains": "not_contains",
+    "contains_text": "contains_text",
     "not_contains_id": "not_contains_id",
-    "exists": "exists", "json_path_exists": "exists", "present": "exists",
-    "not_exists": "not_exists", "absent": "not_exists", "undefined": "not_exists",
-    "not_null": "not_null", "is_not_null": "not_null", "is_null": "is_null", "null": "is_null",
-    "not_empty": "not_empty", "non_empty": "not_empty", "is_empty": "is_empty", "empty": "is_empty",
+    "exists": "exists",
+    "json_path_exists": "exists",
+    "present": "exists",
+    "not_exists": "not_exists",
+    "absent": "not_exists",
+    "undefined": "not_exists",
+    "not_null": "not_null",
+    "is_not_null": "not_null",
+    "is_null": "is_null",
+    "null": "is_null",
+    "not_empty": "not_empty",
+    "non_empty": "not_empty",
+    "is_empty": "is_empty",
+    "empty": "is_empty",
     "is_array": "is_array",
-    "gte": "gte", ">=": "gte", "greater_than_or_equal": "gte", "ge": "gte",
-    "lte": "lte", "<=": "lte", "less_than_or_equal": "lte", "le": "lte",
-    "gt": "gt", ">": "gt", "greater_than": "gt",
-    "lt": "lt", "<": "lt", "less_than": "lt",
-    "in": "in", "one_of": "in", "not_in": "not_in",
+    "gte": "gte",
+    ">=": "gte",
+    "greater_than_or_equal": "gte",
+    "ge": "gte",
+    "lte": "lte",
+    "<=": "lte",
+    "less_than_or_equal": "lte",
+    "le": "lte",
+    "gt": "gt",
+    ">": "gt",
+    "greater_than": "gt",
+    "lt": "lt",
+    "<": "lt",
+    "less_than": "lt",
+    "in": "in",
+    "one_of": "in",
+    "not_in": "not_in",
     "all_equal": "all_equal",
-    "matches_regex": "matches_regex", "regex": "matches_regex", "regex_match": "matches_regex", "matches": "matches_regex",
+    "matches_regex": "matches_regex",
+    "regex": "matches_regex",
+    "regex_match": "matches_regex",
+    "matches": "matches_regex",
     "jwt_decode": "jwt_decode",
     # public-DAG dialects (ygamciur, gmdnohlg, ychlukjm, yobgvieg, orghjavi; docs/dag-semantics.md "P07")
-    "is_json": "is_json", "is_valid_json": "is_json", "valid_json": "is_json",
-    "has_type": "has_type", "type": "has_type", "is_type": "has_type", "type_is": "has_type", "of_type": "has_type",
-    "length_eq": "length_eq", "length": "length_eq", "length_equals": "length_eq", "array_length": "length_eq",
-    "length_gte": "length_gte", "array_length_gte": "length_gte", "min_length": "length_gte", "length_ge": "length_gte",
-    "length_gt": "length_gt", "array_length_gt": "length_gt",
-    "length_lte": "length_lte", "array_length_lte": "length_lte", "max_length": "length_lte", "length_le": "length_lte",
-    "length_lt": "length_lt", "array_length_lt": "length_lt",
-    "starts_with": "starts_with", "startswith": "starts_with", "ends_with": "ends_with", "endswith": "ends_with",
-    "equals_path": "equals_path", "eq_path": "equals_path",
+    "is_json": "is_json",
+    "is_valid_json": "is_json",
+    "valid_json": "is_json",
+    "has_type": "has_type",
+    "type": "has_type",
+    "is_type": "has_type",
+    "type_is": "has_type",
+    "of_type": "has_type",
+    "length_eq": "length_eq",
+    "length": "length_eq",
+    "length_equals": "length_eq",
+    "array_length": "length_eq",
+    "length_gte": "length_gte",
+    "array_length_gte": "length_gte",
+    "min_length": "length_gte",
+    "length_ge": "length_gte",
+    "length_gt": "length_gt",
+    "array_length_gt": "length_gt",
+    "length_lte": "length_lte",
+    "array_length_lte": "length_lte",
+    "max_length": "length_lte",
+    "length_le": "length_lte",
+    "length_lt": "length_lt",
+    "array_length_lt": "length_lt",
+    "starts_with": "starts_with",
+    "startswith": "starts_with",
+    "ends_with": "ends_with",
+    "endswith": "ends_with",
+    "equals_path": "equals_path",
+    "eq_path": "equals_path",
     "exists_or": "exists_or",
-    "array_find": "array_find", "array_contains": "array_find",
-    "all_gt": "all_gt", "all_gte": "all_gte", "all_lt": "all_lt", "all_lte": "all_lte",
+    "array_find": "array_find",
+    "array_contains": "array_find",
+    "all_gt": "all_gt",
+    "all_gte": "all_gte",
+    "all_lt": "all_lt",
+    "all_lte": "all_lte",
     # public-DAG dialects, round 2 (cvyocaao, lgzivily, rjhcjrst, ghmkznee, gmdnohlg; docs/dag-semantics.md "P07")
-    "store_as": "store", "store": "store",
-    "min_value": "gte", "max_value": "lte",
+    "store_as": "store",
+    "store": "store",
+    "min_value": "gte",
+    "max_value": "lte",
     "numeric_string": "numeric_string",
-    "array_min_length": "length_gte", "array_max_length": "length_lte",
+    "array_min_length": "length_gte",
+    "array_max_length": "length_lte",
     "any_match": "any_match",
-    "is_object": "has_type", "is_string": "has_type",
+    "is_object": "has_type",
+    "is_string": "has_type",
     "contains_all": "contains",
     "eq_or_empty": "eq_or_empty",
 }
@@ -84,54 +148,146 @@ OPERATORS: dict[str, str] = {
 TYPE_CHECK_OPS: dict[str, str] = {"is_object": "object", "is_string": "string"}
 # Operators that also require an array (cvyocaao array_min_length: isinstance(actual, list) and len >= n).
 ARRAY_LENGTH_OPS = {"array_min_length", "array_max_length"}
-UNARY = {"exists", "not_exists", "not_null", "is_null", "not_empty", "is_empty", "is_array", "jwt_decode", "is_json", "has_type", "store"}
+UNARY = {
+    "exists",
+    "not_exists",
+    "not_null",
+    "is_null",
+    "not_empty",
+    "is_empty",
+    "is_array",
+    "jwt_decode",
+    "is_json",
+    "has_type",
+    "store",
+}
 LENGTH_OPS = {"length_eq": "equals", "length_gte": "gte", "length_gt": "gt", "length_lte": "lte", "length_lt": "lt"}
 # "expected_<op>: value" keys (uybznoms, orghjavi): the key names the operator. Several in one
 # assertion ({"expected_min": 18, "expected_max": 28}) become one assertion each.
 EXPECTED_KEY_OPS: dict[str, str] = {
-    "expected_gte": "gte", "expected_min": "gte", "expected_gt": "gt", "expected_lte": "lte", "expected_max": "lte",
-    "expected_lt": "lt", "expected_ne": "not_equals", "expected_not_equals": "not_equals",
-    "expected_contains": "contains", "expected_contains_all": "contains", "expected_not_contains": "not_contains",
-    "expected_regex": "matches_regex", "expected_pattern": "matches_regex", "match_regex": "matches_regex",
-    "expected_length": "length_eq", "expected_min_length": "length_gte", "expected_max_length": "length_lte",
-    "expected_all_gt": "all_gt", "expected_all_gte": "all_gte", "expected_all_lt": "all_lt", "expected_all_lte": "all_lte",
+    "expected_gte": "gte",
+    "expected_min": "gte",
+    "expected_gt": "gt",
+    "expected_lte": "lte",
+    "expected_max": "lte",
+    "expected_lt": "lt",
+    "expected_ne": "not_equals",
+    "expected_not_equals": "not_equals",
+    "expected_contains": "contains",
+    "expected_contains_all": "contains",
+    "expected_not_contains": "not_contains",
+    "expected_regex": "matches_regex",
+    "expected_pattern": "matches_regex",
+    "match_regex": "matches_regex",
+    "expected_length": "length_eq",
+    "expected_min_length": "length_gte",
+    "expected_max_length": "length_lte",
+    "expected_all_gt": "all_gt",
+    "expected_all_gte": "all_gte",
+    "expected_all_lt": "all_lt",
+    "expected_all_lte": "all_lte",
     # bare bound keys (sgdoserd, rjhcjrst, hhrdixum, gavmyneb, dfhjkeb): {"path": p, "min_value": 1}
-    "min_value": "gte", "max_value": "lte", "min_length": "length_gte", "max_length": "length_lte",
-    "expected_length_gte": "length_gte", "array_min_length": "length_gte", "expected_eq": "equals",
+    "min_value": "gte",
+    "max_value": "lte",
+    "min_length": "length_gte",
+    "max_length": "length_lte",
+    "expected_length_gte": "length_gte",
+    "array_min_length": "length_gte",
+    "expected_eq": "equals",
 }
 # "expected_<state>: true|false" flags: (op when true, op when false).
 EXPECTED_FLAG_OPS: dict[str, tuple[str, str]] = {
-    "expected_absent": ("not_exists", "exists"), "expected_absent_or_null": ("not_exists", "exists"),
-    "expected_present": ("exists", "not_exists"), "expected_exists": ("exists", "not_exists"),
-    "expected_null": ("is_null", "not_null"), "expected_not_null": ("not_null", "is_null"),
-    "not_exists": ("not_exists", "exists"), "expected_not_empty": ("not_empty", "is_empty"),
+    "expected_absent": ("not_exists", "exists"),
+    "expected_absent_or_null": ("not_exists", "exists"),
+    "expected_present": ("exists", "not_exists"),
+    "expected_exists": ("exists", "not_exists"),
+    "expected_null": ("is_null", "not_null"),
+    "expected_not_null": ("not_null", "is_null"),
+    "not_exists": ("not_exists", "exists"),
+    "expected_not_empty": ("not_empty", "is_empty"),
     "empty_or_absent": ("is_empty", "not_empty"),
 }
 TYPE_NAMES: dict[str, str] = {
-    "string": "string", "str": "string", "text": "string",
-    "number": "number", "float": "number", "double": "number", "decimal": "number", "numeric": "number",
-    "integer": "integer", "int": "integer",
-    "boolean": "boolean", "bool": "boolean",
-    "object": "object", "dict": "object", "map": "object",
-    "array": "array", "list": "array",
-    "null": "null", "none": "null",
-    "object_or_array": "object_or_array", "array_or_object": "object_or_array",  # sgdoserd: isinstance(v, (dict, list))
+    "string": "string",
+    "str": "string",
+    "text": "string",
+    "number": "number",
+    "float": "number",
+    "double": "number",
+    "decimal": "number",
+    "numeric": "number",
+    "integer": "integer",
+    "int": "integer",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "object": "object",
+    "dict": "object",
+    "map": "object",
+    "array": "array",
+    "list": "array",
+    "null": "null",
+    "none": "null",
+    "object_or_array": "object_or_array",
+    "array_or_object": "object_or_array",  # sgdoserd: isinstance(v, (dict, list))
 }
-_ASSERTION_KEYS = {"path", "op", "operator", "match_type", "assertion", "expected", "exists", "type", "expected_type",
-                   "expected_in", "contains", "tolerance", "save_as", "capture_as", "description", "pattern",
-                   "claims", "algorithm", "comment", "note", "name", "label", "match", "capture_field", "alt_check", "path_any_of",
-                   *EXPECTED_KEY_OPS, *EXPECTED_FLAG_OPS}
+_ASSERTION_KEYS = {
+    "path",
+    "op",
+    "operator",
+    "match_type",
+    "assertion",
+    "expected",
+    "exists",
+    "type",
+    "expected_type",
+    "expected_in",
+    "contains",
+    "tolerance",
+    "save_as",
+    "capture_as",
+    "description",
+    "pattern",
+    "claims",
+    "algorithm",
+    "comment",
+    "note",
+    "name",
+    "label",
+    "match",
+    "capture_field",
+    "alt_check",
+    "path_any_of",
+    *EXPECTED_KEY_OPS,
+    *EXPECTED_FLAG_OPS,
+}
 # Pseudo-paths that mean "the raw body (text) of the last response": the path names the operator.
 # {"path": "body_contains", "expected": "x"} -> {"path": "$._body", "op": "contains", "expected": "x"}
 BODY_PATHS: dict[str, str] = {
-    "body_contains": "contains", "response_contains": "contains", "text_contains": "contains",
-    "body_not_contains": "not_contains", "response_not_contains": "not_contains",
-    "body_matches": "matches_regex", "body_regex": "matches_regex",
-    "body_contains_text": "contains_text", "body_icontains": "contains_text",
+    "body_contains": "contains",
+    "response_contains": "contains",
+    "text_contains": "contains",
+    "body_not_contains": "not_contains",
+    "response_not_contains": "not_contains",
+    "body_matches": "matches_regex",
+    "body_regex": "matches_regex",
+    "body_contains_text": "contains_text",
+    "body_icontains": "contains_text",
 }
 # Top-level keys of a P07 step that make it a single assertion (the step has no 'assertions' list).
-SINGLE_KEYS = ("assertion", "path", "expected", "op", "operator", "match_type", "pattern", "regex", "contains",
-               "expected_in", "exists", "expected_type") + tuple(BODY_PATHS)
+SINGLE_KEYS = (
+    "assertion",
+    "path",
+    "expected",
+    "op",
+    "operator",
+    "match_type",
+    "pattern",
+    "regex",
+    "contains",
+    "expected_in",
+    "exists",
+    "expected_type",
+) + tuple(BODY_PATHS)
 
 
 def _has_placeholder(value: Any) -> bool:
@@ -182,7 +338,9 @@ def has_type(value: Any, wanted: str) -> bool:
 def normalise_type(value: Any) -> str:
     name = TYPE_NAMES.get(str(value).strip().lower())
     if name is None:
-        raise ValueError(f"unknown type name {value!r} (use one of string, number, integer, boolean, object, array, null, object_or_array)")
+        raise ValueError(
+            f"unknown type name {value!r} (use one of string, number, integer, boolean, object, array, null, object_or_array)"
+        )
     return name
 
 
@@ -204,15 +362,26 @@ class Assertion(BaseModel):
     path: str = Field(default="$", description="Path into the document (see saasbench.dag.jsonpath)")
     op: str = Field(default="equals", description="Canonical operator (aliases and legacy keys are normalised)")
     expected: Any = Field(default=None, description="Expected value; a list for 'in'; a regex for matches_regex")
-    expected_type: str | None = Field(default=None, description="Also require this JSON type (string|number|integer|boolean|object|array|null)")
+    expected_type: str | None = Field(
+        default=None, description="Also require this JSON type (string|number|integer|boolean|object|array|null)"
+    )
     tolerance: float | None = Field(default=None, ge=0, description="Numeric equality tolerance")
-    save_as: str | None = Field(default=None, description="Capture the value at path under this name (legacy: capture_as)")
+    save_as: str | None = Field(
+        default=None, description="Capture the value at path under this name (legacy: capture_as)"
+    )
     description: str | None = None
     claims: dict[str, Any] = Field(default_factory=dict, description="jwt_decode: claim -> rule or literal value")
-    algorithm: str | None = Field(default=None, description="jwt_decode: expected 'alg' of the token header (not verified)")
-    capture_field: str | None = Field(default=None, description="array_find: capture this field of the found element (save_as)")
-    path_any_of: list[str] = Field(default_factory=list, description="Alternative paths: the assertion holds when it holds at "
-                                   "'path' or at any of these (checked in order; the first that holds is reported)")
+    algorithm: str | None = Field(
+        default=None, description="jwt_decode: expected 'alg' of the token header (not verified)"
+    )
+    capture_field: str | None = Field(
+        default=None, description="array_find: capture this field of the found element (save_as)"
+    )
+    path_any_of: list[str] = Field(
+        default_factory=list,
+        description="Alternative paths: the assertion holds when it holds at "
+        "'path' or at any of these (checked in order; the first that holds is reported)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -301,14 +470,19 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
     if "type" in a:
         a.setdefault("expected_type", a.pop("type"))
         note("assertion 'type' -> expected_type")
-    if str(a.get("expected_type")).strip().lower() in ("exists", "present"):  # kmasmnil: {"expected": "{{org_id}}", "type": "exists"}
+    if str(a.get("expected_type")).strip().lower() in (
+        "exists",
+        "present",
+    ):  # kmasmnil: {"expected": "{{org_id}}", "type": "exists"}
         a.pop("expected_type")
         if op is None and not any(k in a for k in ("expected", "pattern", "expected_in", "contains", "exists")):
             op = "exists"
             note("type 'exists' -> op exists")
         else:
-            note("type 'exists' beside another check -> dropped (that check already needs the value; the kmasmnil "
-                 "reference ignores 'type')")
+            note(
+                "type 'exists' beside another check -> dropped (that check already needs the value; the kmasmnil "
+                "reference ignores 'type')"
+            )
     if str(op_raw).strip().lower() in TYPE_CHECK_OPS:  # {"operator": "is_object"}: the operator names the type
         wanted_type = TYPE_CHECK_OPS[str(op_raw).strip().lower()]
         if a.get("expected_type") is not None and normalise_type(a["expected_type"]) != wanted_type:
@@ -317,7 +491,9 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         note(f"operator {op_raw!r} -> has_type {wanted_type}")
     elif op == "has_type":  # {"operator": "type"|"is_type", "expected": "array"}
         wanted = a.pop("expected", None)
-        if wanted is None or (a.get("expected_type") is not None and normalise_type(a["expected_type"]) != normalise_type(wanted)):
+        if wanted is None or (
+            a.get("expected_type") is not None and normalise_type(a["expected_type"]) != normalise_type(wanted)
+        ):
             raise ValueError(f"operator {op_raw!r} needs one type name in 'expected'")
         a["expected_type"] = wanted
         note(f"operator {op_raw!r} with expected {wanted!r} -> expected_type")
@@ -329,15 +505,25 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         a["expected"] = a.pop("expected_numeric")
         note("'expected_numeric' -> expected")
     if "expected" in a and "pattern" in a:
-        if op == "matches_regex":  # gmdnohlg: {"operator": "regex_match", "expected": "2030-12-31", "pattern": "^\\d{4}-..."}
+        if (
+            op == "matches_regex"
+        ):  # gmdnohlg: {"operator": "regex_match", "expected": "2030-12-31", "pattern": "^\\d{4}-..."}
             dropped = a.pop("expected")
-            warn(f"'expected' {short(dropped, 60)} beside 'pattern' with operator {op_raw!r}: the pattern is matched and the "
-                 "expected value is ignored (as in the gmdnohlg reference; a DAG defect)")
-        elif op is None and isinstance(a["expected"], str) and OPERATORS.get(a["expected"].strip().lower()) == "matches_regex":
+            warn(
+                f"'expected' {short(dropped, 60)} beside 'pattern' with operator {op_raw!r}: the pattern is matched and the "
+                "expected value is ignored (as in the gmdnohlg reference; a DAG defect)"
+            )
+        elif (
+            op is None
+            and isinstance(a["expected"], str)
+            and OPERATORS.get(a["expected"].strip().lower()) == "matches_regex"
+        ):
             a.pop("expected")  # kmasmnil: {"expected": "matches_regex", "pattern": "^[a-z0-9]{25}$"}
             op = "matches_regex"
-            warn("'expected' names the operator matches_regex and 'pattern' holds the regex: the pattern is matched (the "
-                 "kmasmnil reference compared the value with the literal text 'matches_regex', which never passes; a DAG defect)")
+            warn(
+                "'expected' names the operator matches_regex and 'pattern' holds the regex: the pattern is matched (the "
+                "kmasmnil reference compared the value with the literal text 'matches_regex', which never passes; a DAG defect)"
+            )
     given = [k for k in ("expected", "pattern", "expected_in", "contains") if k in a]
     if len(given) > 1:
         raise ValueError(f"give one of expected/pattern/expected_in/contains, not {' and '.join(given)}")
@@ -367,9 +553,11 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         elif magic == "undefined":
             op = "not_exists"
         elif magic.startswith("contains:"):
-            op, a["expected"] = "contains", magic[len("contains:"):]
+            op, a["expected"] = "contains", magic[len("contains:") :]
         if op is not None:
-            note(f"magic expected string {magic if not magic.startswith('contains:') else 'contains:<text>'!r} -> op {op}")
+            note(
+                f"magic expected string {magic if not magic.startswith('contains:') else 'contains:<text>'!r} -> op {op}"
+            )
     if op is None:
         if "expected" in a:
             op = "equals"
@@ -385,7 +573,11 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
                 compile_regex(pattern)
             except re.error as exc:
                 raise ValueError(f"invalid regex {pattern!r}: {exc}") from exc
-    if op in ("in", "not_in") and not isinstance(a.get("expected"), (list, tuple)) and not _has_placeholder(a.get("expected")):
+    if (
+        op in ("in", "not_in")
+        and not isinstance(a.get("expected"), (list, tuple))
+        and not _has_placeholder(a.get("expected"))
+    ):
         raise ValueError(f"operator {op!r} needs a list of values")
     _check_dialect_op(a, op)
     for key in a:
@@ -406,8 +598,10 @@ def _dialect_operator(a: dict[str, Any], op: str | None, raw: str | None) -> Non
             raise ValueError(f"operator {raw!r}: key {name!r} conflicts with save_as/capture_as")
         a.pop("capture_as", None)
         a["save_as"] = name.strip()
-        note(f"operator {raw!r} with key -> op store, save_as {name.strip()!r} (a list stores its first element, an "
-             "object with an id its id)")
+        note(
+            f"operator {raw!r} with key -> op store, save_as {name.strip()!r} (a list stores its first element, an "
+            "object with an id its id)"
+        )
     if raw in ARRAY_LENGTH_OPS and a.get("type") is None and a.get("expected_type") is None:
         a["expected_type"] = "array"  # the value must be an array, then its length is compared
         note(f"operator {raw!r} -> {OPERATORS[raw]} with expected_type array")
@@ -424,8 +618,21 @@ def _expected_key_op(a: dict[str, Any]) -> None:
     is left alone and reported as not understood.
     """
     keys = [k for k in a if k in EXPECTED_KEY_OPS or k in EXPECTED_FLAG_OPS]
-    if len(keys) != 1 or any(k in a for k in ("op", "operator", "match_type", "assertion", "expected", "pattern",
-                                                    "regex", "expected_in", "contains", "exists")):
+    if len(keys) != 1 or any(
+        k in a
+        for k in (
+            "op",
+            "operator",
+            "match_type",
+            "assertion",
+            "expected",
+            "pattern",
+            "regex",
+            "expected_in",
+            "contains",
+            "exists",
+        )
+    ):
         for key in keys:
             warn(f"assertion key {key!r} next to another operator or expected value (ignored; a DAG defect)")
             a.pop(key)
@@ -494,10 +701,16 @@ def _check_dialect_op(a: dict[str, Any], op: str) -> None:
 
 
 class P07Inputs(PrimitiveInputs):
-    assertions: list[Assertion] = Field(default_factory=list, description="All must pass (the single-assertion forms are "
-                                        "normalised into this list). Empty: the step checks nothing and passes (a DAG "
-                                        "defect, reported as a loader warning)")
-    response: Any = Field(default=None, description="Assert on this value instead of the last document: a captured name, a placeholder or inline JSON")
+    assertions: list[Assertion] = Field(
+        default_factory=list,
+        description="All must pass (the single-assertion forms are "
+        "normalised into this list). Empty: the step checks nothing and passes (a DAG "
+        "defect, reported as a loader warning)",
+    )
+    response: Any = Field(
+        default=None,
+        description="Assert on this value instead of the last document: a captured name, a placeholder or inline JSON",
+    )
     source: Any = Field(default=None, description="Same as response (family-B name)")
 
     @model_validator(mode="before")
@@ -543,7 +756,13 @@ class P07Inputs(PrimitiveInputs):
 class Doc:
     """What assertions look at: a value plus, when it is a response body, its headers and text."""
 
-    def __init__(self, value: Any, headers: Mapping[str, str] | None = None, text: str | None = None, label: str = "last document"):
+    def __init__(
+        self,
+        value: Any,
+        headers: Mapping[str, str] | None = None,
+        text: str | None = None,
+        label: str = "last document",
+    ):
         self.value, self.headers, self.text, self.label = value, headers, text, label
 
     def get(self, path: str) -> Any:
@@ -659,7 +878,9 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         return False, f"type {type_name(value)}, expected {a.expected_type}"
     if op == "store":
         stored = stored_value(value)
-        return _present(stored), f"nothing to store under {a.save_as!r} ({'absent' if value is ABSENT else short(value)})"
+        return _present(
+            stored
+        ), f"nothing to store under {a.save_as!r} ({'absent' if value is ABSENT else short(value)})"
     if op == "eq_or_empty":  # gmdnohlg: equal, or absent/null/""/[]/{}
         if value is ABSENT or value is None or value in ("", [], {}):
             return True, ""
@@ -679,7 +900,9 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
     if op == "has_type":  # the type itself was checked above
         return True, ""
     if op == "is_json":
-        return _is_json(a, value, doc), "not JSON" if _present(value) else ("absent" if value is ABSENT else "null or empty")
+        return _is_json(a, value, doc), "not JSON" if _present(value) else (
+            "absent" if value is ABSENT else "null or empty"
+        )
     if op == "exists_or":
         if _present(value):
             return True, ""
@@ -693,7 +916,9 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
             other = doc.get(str(expected))
         except PathError as exc:
             return False, f"{expected}: {exc}"
-        return value is not ABSENT and values_equal(value, other, a.tolerance), f"not equal to {expected} = {short(other)}"
+        return value is not ABSENT and values_equal(
+            value, other, a.tolerance
+        ), f"not equal to {expected} = {short(other)}"
     if value is ABSENT and not (op == "equals" and expected is None):  # expected null: absent counts
         return False, "absent"
     if op == "equals":
@@ -708,7 +933,9 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         return str(expected).casefold() in _text(value).casefold(), "text does not contain it (case-insensitive)"
     if op == "not_contains_id":
         return not _contains_id(value, expected), "an element has that id"
-    if op == "numeric_string":  # rjhcjrst: a string holding a number (a JSON number fails), numerically equal to expected
+    if (
+        op == "numeric_string"
+    ):  # rjhcjrst: a string holding a number (a JSON number fails), numerically equal to expected
         if not isinstance(value, str) or _number(value) is None:
             return False, f"{type_name(value)}, not a string holding a number"
         if expected is None:
@@ -751,7 +978,15 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         bad = []
         for item in items:
             pair = _order(item, expected)
-            if isinstance(pair, str) or not {"gte": pair[0] >= pair[1], "lte": pair[0] <= pair[1], "gt": pair[0] > pair[1], "lt": pair[0] < pair[1]}[cmp]:
+            if (
+                isinstance(pair, str)
+                or not {
+                    "gte": pair[0] >= pair[1],
+                    "lte": pair[0] <= pair[1],
+                    "gt": pair[0] > pair[1],
+                    "lt": pair[0] < pair[1],
+                }[cmp]
+            ):
                 bad.append(item)
         return not bad, f"{len(bad)}/{len(items)} fail, e.g. {short(bad[0]) if bad else ''}"
     if op == "all_equal":
@@ -802,13 +1037,22 @@ def _any_match(a: Assertion, value: Any) -> tuple[bool, str]:
         if a.expected_type is not None and not has_type(item, a.expected_type):
             continue
         if a.expected is not None:
-            if values_equal(item, a.expected, a.tolerance) or _numeric_equal(item, a.expected, a.tolerance) \
-                    or (isinstance(item, str) and _scalar_text(a.expected) in item):
+            if (
+                values_equal(item, a.expected, a.tolerance)
+                or _numeric_equal(item, a.expected, a.tolerance)
+                or (isinstance(item, str) and _scalar_text(a.expected) in item)
+            ):
                 return True, ""
         elif a.expected_type is not None or item is not None:
             return True, ""
-    wanted = " and ".join(x for x in ((f"of type {a.expected_type}" if a.expected_type else ""),
-                                     (f"equal to / containing {short(a.expected, 80)}" if a.expected is not None else "")) if x)
+    wanted = " and ".join(
+        x
+        for x in (
+            (f"of type {a.expected_type}" if a.expected_type else ""),
+            (f"equal to / containing {short(a.expected, 80)}" if a.expected is not None else ""),
+        )
+        if x
+    )
     return False, f"none of {len(items)} value(s) is {wanted or 'not null'}"
 
 
@@ -884,7 +1128,11 @@ def _check_jwt(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
     a literal value compared with P07 equality. ``algorithm`` is compared with the header's
     ``alg`` (a claim of the token, not a verification).
     """
-    token = value if isinstance(value, str) and _JWT_RE.match(value) else (_find_jwt(value) if a.path.strip() in ("", "$") else None)
+    token = (
+        value
+        if isinstance(value, str) and _JWT_RE.match(value)
+        else (_find_jwt(value) if a.path.strip() in ("", "$") else None)
+    )
     if token is None:
         return False, f"no JWT at {a.path}: {short(value)}"
     header_part, payload_part, _ = token.split(".")
@@ -951,8 +1199,11 @@ def resolve_assertion(ctx: RunContext, a: Assertion) -> Assertion:
 def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
     """Every assertion holds on the last document (or the named one)."""
     if not inputs.assertions:
-        return StepResult(passed=True, message="no assertions: nothing checked (a DAG defect reported by 'dag check')",
-                          evidence={"assertions": [], "nothing_checked": True})
+        return StepResult(
+            passed=True,
+            message="no assertions: nothing checked (a DAG defect reported by 'dag check')",
+            evidence={"assertions": [], "nothing_checked": True},
+        )
     try:
         assertions = [resolve_assertion(ctx, a) for a in inputs.assertions]
     except UnresolvedPlaceholder as exc:
@@ -991,7 +1242,11 @@ def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
                 ctx.capture(a.save_as, stored)
         elif a.save_as and value is not ABSENT:
             ctx.capture(a.save_as, value)
-        what = f"{path} {a.op}" + ("" if a.op in UNARY else f" {short(a.expected, 80)}") + (f" ({a.expected_type})" if a.expected_type else "")
+        what = (
+            f"{path} {a.op}"
+            + ("" if a.op in UNARY else f" {short(a.expected, 80)}")
+            + (f" ({a.expected_type})" if a.expected_type else "")
+        )
         if a.path_any_of and not ok:
             what = f"{' | '.join(a.paths)} (none) {a.op}"
         rows.append({"path": path, "op": a.op, "expected": a.expected, "actual": short(value), "passed": ok})
@@ -1006,9 +1261,16 @@ def json_value_assert(inputs: P07Inputs, ctx: RunContext) -> StepResult:
 
 # --- P06 -----------------------------------------------------------------------------------------
 class P06Inputs(PrimitiveInputs):
-    required_fields: list[str] = Field(default_factory=list, description="Dotted paths that must be present (and not null)")
-    field_types: dict[str, str] = Field(default_factory=dict, description="path -> JSON type name (string|number|integer|boolean|object|array|null)")
-    response: Any = Field(default=None, description="Check this value instead of the last document: a captured name, a placeholder or inline JSON")
+    required_fields: list[str] = Field(
+        default_factory=list, description="Dotted paths that must be present (and not null)"
+    )
+    field_types: dict[str, str] = Field(
+        default_factory=dict, description="path -> JSON type name (string|number|integer|boolean|object|array|null)"
+    )
+    response: Any = Field(
+        default=None,
+        description="Check this value instead of the last document: a captured name, a placeholder or inline JSON",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1023,7 +1285,10 @@ class P06Inputs(PrimitiveInputs):
             data["required_fields"] = [data["required_fields"]]
             note("required_fields given as a string -> list")
         if not data.get("required_fields") and not data.get("field_types"):  # ychlukjm: required_fields: []
-            warn("no required_fields or field_types: this step checks nothing and passes (a DAG defect)", "required_fields")
+            warn(
+                "no required_fields or field_types: this step checks nothing and passes (a DAG defect)",
+                "required_fields",
+            )
         return data
 
     @field_validator("field_types")
@@ -1036,8 +1301,11 @@ class P06Inputs(PrimitiveInputs):
 def json_schema_match(inputs: P06Inputs, ctx: RunContext) -> StepResult:
     """Required fields are present (not null) and typed as declared; a list body checks its first element."""
     if not inputs.required_fields and not inputs.field_types:
-        return StepResult(passed=True, message="no required_fields or field_types: nothing checked (a DAG defect reported by 'dag check')",
-                          evidence={"nothing_checked": True})
+        return StepResult(
+            passed=True,
+            message="no required_fields or field_types: nothing checked (a DAG defect reported by 'dag check')",
+            evidence={"nothing_checked": True},
+        )
     doc = load_document(ctx, inputs.response)
     if isinstance(doc, str):
         return StepResult(passed=False, message=doc)
@@ -1048,7 +1316,11 @@ def json_schema_match(inputs: P06Inputs, ctx: RunContext) -> StepResult:
         body = body[0]
     if not isinstance(body, Mapping):
         response = ctx.last_response
-        detail = f" ({response.json_error})" if inputs.response is None and response is not None and response.json_error else ""
+        detail = (
+            f" ({response.json_error})"
+            if inputs.response is None and response is not None and response.json_error
+            else ""
+        )
         return StepResult(passed=False, message=f"{doc.label} is not a JSON object{detail}: {short(body)}")
     missing: list[str] = []
     wrong: list[str] = []
@@ -1069,7 +1341,9 @@ def json_schema_match(inputs: P06Inputs, ctx: RunContext) -> StepResult:
         if not has_type(value, wanted):
             wrong.append(f"{field}: {type_name(value)}, expected {wanted}")
     checked = len(inputs.required_fields) + len(inputs.field_types)
-    problems = ([f"missing: {', '.join(missing)}"] if missing else []) + ([f"wrong types: {'; '.join(wrong)}"] if wrong else [])
+    problems = ([f"missing: {', '.join(missing)}"] if missing else []) + (
+        [f"wrong types: {'; '.join(wrong)}"] if wrong else []
+    )
     message = f"{checked - len(missing) - len(wrong)}/{checked} field checks passed on {doc.label}"
     if problems:
         message += "; " + "; ".join(problems) + f"; keys present: {short(sorted(body)[:30])}"

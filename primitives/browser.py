@@ -75,8 +75,14 @@ from saasbench.services.browser import (
 from saasbench.services.http import Identity
 
 WaitUntil = Literal["load", "domcontentloaded", "networkidle", "commit"]
-_WAIT_ALIASES = {"networkidle0": "networkidle", "networkidle2": "networkidle", "network_idle": "networkidle",
-                 "domcontentload": "domcontentloaded", "dom": "domcontentloaded", "domready": "domcontentloaded"}
+_WAIT_ALIASES = {
+    "networkidle0": "networkidle",
+    "networkidle2": "networkidle",
+    "network_idle": "networkidle",
+    "domcontentload": "domcontentloaded",
+    "dom": "domcontentloaded",
+    "domready": "domcontentloaded",
+}
 CONTEXT_CLOSE_S = 5.0
 DEFAULT_ACTION_TIMEOUT_MS = 10000.0
 RUN_MARGIN_S = CONTEXT_CLOSE_S + 1.0
@@ -104,25 +110,36 @@ class Viewport(BaseModel):
 class PageInputs(PrimitiveInputs):
     """What every browser primitive accepts about loading a page and whose page it is."""
 
-    wait_until: WaitUntil = Field(default="networkidle", description="Load state to wait for (best effort: a page that "
-                                  "never reaches it is read as it is when the budget runs out)")
+    wait_until: WaitUntil = Field(
+        default="networkidle",
+        description="Load state to wait for (best effort: a page that "
+        "never reaches it is read as it is when the budget runs out)",
+    )
     timeout_ms: float = Field(default=15000, gt=0, description="Budget per page; bounded by the node deadline")
     settle_ms: float = Field(default=800, ge=0, description="Pause after loading, before reading the page")
     viewport: Viewport = Field(default_factory=Viewport, description="{width, height} or 'WxH'")
     wait_for_selector: str | None = Field(default=None, description="The step fails unless this selector appears")
     max_chars: int = Field(default=DEFAULT_MAX_CHARS, ge=1000, description="Cap on the sanitised DOM kept")
     strip_classes: bool = Field(default=False, description="Drop class and style attributes from the kept DOM")
-    as_role: str | None = Field(default=None, description="Render as this role (logged in through the auth profile; "
-                                "the active identity is unchanged). Default: the active identity (its role logged in "
-                                "with the profile's browser_scheme when the profile names one)")
-    login_method: str | None = Field(default=None, description="With as_role: the auth profile scheme to log in with "
-                                     "(e.g. 'form' for a cookie session); default: the profile's browser_scheme, "
-                                     "else its default")
+    as_role: str | None = Field(
+        default=None,
+        description="Render as this role (logged in through the auth profile; "
+        "the active identity is unchanged). Default: the active identity (its role logged in "
+        "with the profile's browser_scheme when the profile names one)",
+    )
+    login_method: str | None = Field(
+        default=None,
+        description="With as_role: the auth profile scheme to log in with "
+        "(e.g. 'form' for a cookie session); default: the profile's browser_scheme, "
+        "else its default",
+    )
     anonymous: bool = Field(default=False, description="Render with no identity (no cookies, no auth headers)")
     login_credentials: dict[str, str] | None = Field(
-        default=None, description="Render logged in as this user ({username or email, password}) through the auth "
+        default=None,
+        description="Render logged in as this user ({username or email, password}) through the auth "
         "profile (login_method, else its browser_scheme, else its default scheme): as the profile role whose "
-        "username/email matches, else as a role named after the user")
+        "username/email matches, else as a role named after the user",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -137,8 +154,10 @@ class PageInputs(PrimitiveInputs):
             given = dict(data.pop("login_as"))
             base = given.pop("base_url", None)
             data["login_credentials"] = {str(k): str(v) for k, v in given.items()}
-            note("'login_as {username, password}' -> 'login_credentials' (logged in through the auth profile)"
-                 + (f"; its base_url {base!r} is not used (the login goes to the app under test)" if base else ""))
+            note(
+                "'login_as {username, password}' -> 'login_credentials' (logged in through the auth profile)"
+                + (f"; its base_url {base!r} is not used (the login goes to the app under test)" if base else "")
+            )
         rename_aliases(data, "as_role", ("login_as", "role"))
         rename_aliases(data, "login_method", ("auth_method",))
         if "authenticate" in data:
@@ -192,11 +211,19 @@ def _credentials_identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity
     if not name or not creds.get("password"):
         return None, "login_credentials need a username (or email) and a password"
     users = getattr(ctx.auth.profile, "users", {}) or {}
-    role = next((r for r, u in users.items() if isinstance(u, dict) and any(str(u.get(k)) == name for k in _USER_KEYS)),
-                None) or inputs.as_role or name
+    role = (
+        next(
+            (r for r, u in users.items() if isinstance(u, dict) and any(str(u.get(k)) == name for k in _USER_KEYS)),
+            None,
+        )
+        or inputs.as_role
+        or name
+    )
     previous = ctx.auth.active
     try:
-        identity = ctx.auth.login(ctx, role, method=inputs.login_method or ctx.auth.profile.browser_scheme, credentials=creds)
+        identity = ctx.auth.login(
+            ctx, role, method=inputs.login_method or ctx.auth.profile.browser_scheme, credentials=creds
+        )
         return (None if identity.role == "anonymous" else identity), None
     except LoginFailed as exc:
         return None, f"cannot render as user {name!r}: {exc}"
@@ -227,15 +254,28 @@ def _session(ctx: RunContext) -> BrowserSession:
     return session
 
 
-def _in_context(ctx: RunContext, inputs: PageInputs, identity: Identity | None, work, total_s: float, *,
-                javascript: bool = True, block_all: bool = False) -> Any:
+def _in_context(
+    ctx: RunContext,
+    inputs: PageInputs,
+    identity: Identity | None,
+    work,
+    total_s: float,
+    *,
+    javascript: bool = True,
+    block_all: bool = False,
+) -> Any:
     """Run ``work(page, guard)`` in a fresh context on the browser thread; the context is always closed."""
     session = _session(ctx)
     base = ctx.target.base_url or ctx.vars.get("base_url")
 
     async def job() -> Any:
-        context, guard = await session.new_context(identity=identity, base_url=base, javascript=javascript,
-                                                   viewport=inputs.viewport.model_dump(), block_all=block_all)
+        context, guard = await session.new_context(
+            identity=identity,
+            base_url=base,
+            javascript=javascript,
+            viewport=inputs.viewport.model_dump(),
+            block_all=block_all,
+        )
         try:
             page = await session.new_page(context)
             return await work(page, guard)
@@ -263,8 +303,11 @@ def _timeout_result(what: str, budget: float) -> StepResult:
 # --- RENDER_DOM ------------------------------------------------------------------------------------
 class RenderDomInputs(PageInputs):
     url: str | None = Field(default=None, description="Page to render: absolute, or relative to the base URL")
-    urls: list[str] | None = Field(default=None, description="Several pages: each rendered, DOMs concatenated with "
-                                   "<!-- url --> separators; every page must render")
+    urls: list[str] | None = Field(
+        default=None,
+        description="Several pages: each rendered, DOMs concatenated with "
+        "<!-- url --> separators; every page must render",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -303,9 +346,18 @@ def render_dom(inputs: RenderDomInputs, ctx: RunContext) -> StepResult:
         done: list[Rendered] = []
         for url in urls:
             deadline = Deadline(ctx.timeout(inputs.timeout_ms / 1000))
-            done.append(await load_page(page, url, deadline=deadline, wait_until=inputs.wait_until,
-                                        wait_for_selector=inputs.wait_for_selector, settle_ms=inputs.settle_ms,
-                                        guard=guard, capture_limit=raw_limit(per_page)))
+            done.append(
+                await load_page(
+                    page,
+                    url,
+                    deadline=deadline,
+                    wait_until=inputs.wait_until,
+                    wait_for_selector=inputs.wait_for_selector,
+                    settle_ms=inputs.settle_ms,
+                    guard=guard,
+                    capture_limit=raw_limit(per_page),
+                )
+            )
             guard.blocked_navigation.clear()  # a blocked redirect belongs to the page that tried it
         return done
 
@@ -330,21 +382,37 @@ def render_dom(inputs: RenderDomInputs, ctx: RunContext) -> StepResult:
     ctx.capture("rendered_dom_length", len(total))
     evidence: dict[str, Any] = {"pages": evidence_pages, "chars": len(total), **guard_summary}
     failed = [r for r in pages if r.error]
-    value = {"url": urls[0] if len(urls) == 1 else list(urls), "length": len(total),
-             "status": pages[0].status if len(pages) == 1 else [r.status for r in pages]}
+    value = {
+        "url": urls[0] if len(urls) == 1 else list(urls),
+        "length": len(total),
+        "status": pages[0].status if len(pages) == 1 else [r.status for r in pages],
+    }
     if failed:
         first = failed[0]
-        return StepResult(passed=False, unreachable=any(r.unreachable for r in failed), value=value, evidence=evidence,
-                          message=first.error if len(urls) == 1 else f"{len(failed)}/{len(urls)} pages failed; first: {first.error}")
+        return StepResult(
+            passed=False,
+            unreachable=any(r.unreachable for r in failed),
+            value=value,
+            evidence=evidence,
+            message=first.error if len(urls) == 1 else f"{len(failed)}/{len(urls)} pages failed; first: {first.error}",
+        )
     content_chars = sum(len(p) for p in (_dom_of(r, inputs, per_page)[0] for r in pages))
     if content_chars <= MIN_DOM_CHARS:
-        return StepResult(passed=False, value=value, evidence=evidence,
-                          message=f"rendered DOM has only {content_chars} chars after sanitising (needs more than {MIN_DOM_CHARS})")
+        return StepResult(
+            passed=False,
+            value=value,
+            evidence=evidence,
+            message=f"rendered DOM has only {content_chars} chars after sanitising (needs more than {MIN_DOM_CHARS})",
+        )
     where = urls[0] if len(urls) == 1 else f"{len(urls)} pages"
-    return StepResult(passed=True, value=value, evidence=evidence, message=f"rendered {where}: {len(total)} chars of sanitised DOM")
+    return StepResult(
+        passed=True, value=value, evidence=evidence, message=f"rendered {where}: {len(total)} chars of sanitised DOM"
+    )
 
 
-def _with_guard(ctx: RunContext, inputs: PageInputs, identity: Identity | None, work, total_s: float, **kw: Any) -> tuple[Any, dict[str, Any]]:
+def _with_guard(
+    ctx: RunContext, inputs: PageInputs, identity: Identity | None, work, total_s: float, **kw: Any
+) -> tuple[Any, dict[str, Any]]:
     """Like :func:`_in_context`, also returning the guard's summary (blocked requests, dialogs...)."""
     holder: dict[str, Guard] = {}
 
@@ -365,9 +433,12 @@ class ScreenshotInputs(PageInputs):
     url: str = Field(description="Page to screenshot: absolute, or relative to the base URL")
     name: str = Field(default="shot", description="Evidence file name stem")
     full_page: bool = Field(default=True, description=f"Whole page (clipped at {10_000} px), else the viewport")
-    actions: list[BrowserStep] = Field(default_factory=list, description="Browser steps (as P18 steps) run after the "
-                                       "page loads, before the screenshot; best effort: a failed action is recorded in "
-                                       "the evidence and the screenshot is still taken")
+    actions: list[BrowserStep] = Field(
+        default_factory=list,
+        description="Browser steps (as P18 steps) run after the "
+        "page loads, before the screenshot; best effort: a failed action is recorded in "
+        "the evidence and the screenshot is still taken",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -398,18 +469,31 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
 
     async def work(page: Any, guard: Guard) -> tuple[Rendered, bytes | None, list[str], str | None]:
         deadline = Deadline(budget)
-        rendered = await load_page(page, url, deadline=deadline, wait_until=inputs.wait_until,
-                                   wait_for_selector=inputs.wait_for_selector, settle_ms=inputs.settle_ms, guard=guard,
-                                   capture_limit=raw_limit(inputs.max_chars))
+        rendered = await load_page(
+            page,
+            url,
+            deadline=deadline,
+            wait_until=inputs.wait_until,
+            wait_for_selector=inputs.wait_for_selector,
+            settle_ms=inputs.settle_ms,
+            guard=guard,
+            capture_limit=raw_limit(inputs.max_chars),
+        )
         if rendered.unreachable or rendered.status is None and rendered.error:
             return rendered, None, [], None
         if inputs.actions and not rendered.error:
             extra_shots: list[tuple[str, bytes]] = []
             for index, step in enumerate(inputs.actions):
                 problem = await _run_step(page, step, ctx, inputs, deadline, guard, extra_shots)
-                done_actions.append({"index": index, "action": step.action, "passed": problem is None,
-                                     **({"message": problem} if problem else {}),
-                                     **({"skipped": step.skipped_action} if step.action == "noop" else {})})
+                done_actions.append(
+                    {
+                        "index": index,
+                        "action": step.action,
+                        "passed": problem is None,
+                        **({"message": problem} if problem else {}),
+                        **({"skipped": step.skipped_action} if step.action == "noop" else {}),
+                    }
+                )
             try:  # the page after the actions is what the screenshot shows: keep its DOM too
                 html, full = await read_dom(page, raw_limit(inputs.max_chars), max(0.5, min(5.0, deadline.left())))
                 rendered.raw_html, rendered.raw_chars, rendered.raw_truncated = html, full, full > len(html)
@@ -442,15 +526,32 @@ def screenshot(inputs: ScreenshotInputs, ctx: RunContext) -> StepResult:
         ctx.capture("screenshot_urls", [*_as_list(ctx.vars.get("screenshot_urls")), url])
     value = {"url": url, "path": evidence.get("screenshot", {}).get("path"), "bytes": len(png or b"")}
     if rendered.error:
-        return StepResult(passed=False, unreachable=rendered.unreachable, value=value, evidence=evidence, message=rendered.error)
+        return StepResult(
+            passed=False, unreachable=rendered.unreachable, value=value, evidence=evidence, message=rendered.error
+        )
     if png is None:
-        return StepResult(passed=False, value=value, evidence=evidence, message=f"no screenshot of {url}: {shot_error or 'unknown error'}")
+        return StepResult(
+            passed=False,
+            value=value,
+            evidence=evidence,
+            message=f"no screenshot of {url}: {shot_error or 'unknown error'}",
+        )
     if len(png) < MIN_PNG_BYTES:
-        return StepResult(passed=False, value=value, evidence=evidence,
-                          message=f"screenshot of {url} is only {len(png)} bytes (needs {MIN_PNG_BYTES})")
+        return StepResult(
+            passed=False,
+            value=value,
+            evidence=evidence,
+            message=f"screenshot of {url} is only {len(png)} bytes (needs {MIN_PNG_BYTES})",
+        )
     failed = [a for a in done_actions if not a["passed"]]
-    tail = f"; {len(failed)}/{len(done_actions)} action(s) failed (best effort), first: {failed[0]['message']}" if failed else ""
-    return StepResult(passed=True, value=value, evidence=evidence, message=f"screenshot of {url}: {len(png)} bytes{tail}")
+    tail = (
+        f"; {len(failed)}/{len(done_actions)} action(s) failed (best effort), first: {failed[0]['message']}"
+        if failed
+        else ""
+    )
+    return StepResult(
+        passed=True, value=value, evidence=evidence, message=f"screenshot of {url}: {len(png)} bytes{tail}"
+    )
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -485,8 +586,11 @@ class Expectations(BaseModel):
 class P18Inputs(PageInputs):
     url: str | None = Field(default=None, description="First page (optional when the first step is a goto)")
     steps: list[BrowserStep] = Field(default_factory=list)
-    expect: Expectations | None = Field(default=None, description="{selector_visible, text_contains, url_contains} "
-                                        "checked after the steps (each waits up to action_timeout_ms)")
+    expect: Expectations | None = Field(
+        default=None,
+        description="{selector_visible, text_contains, url_contains} "
+        "checked after the steps (each waits up to action_timeout_ms)",
+    )
     action_timeout_ms: float = Field(default=10000, gt=0, description="How long an action waits for its selector")
     screenshot: bool = Field(default=False, description="Screenshot the final page (appends to 'screenshots')")
     name: str = Field(default="interaction", description="Evidence file name stem")
@@ -504,8 +608,12 @@ class P18Inputs(PageInputs):
             for key in ("selector", "selector_any_of", "value"):
                 if key in data:
                     step[key] = data.pop(key)
-            if isinstance(step["action"], str) and _ACTION_ALIASES.get(step["action"].strip().lower(), step["action"].strip().lower()) == "goto" \
-                    and not step.get("value") and data.get("url"):
+            if (
+                isinstance(step["action"], str)
+                and _ACTION_ALIASES.get(step["action"].strip().lower(), step["action"].strip().lower()) == "goto"
+                and not step.get("value")
+                and data.get("url")
+            ):
                 step["action"] = "wait"  # "navigate" to the step's own url: opening it is the first thing P18 does
                 if not (step.get("selector") or step.get("selector_any_of")):
                     step = None
@@ -525,7 +633,9 @@ class P18Inputs(PageInputs):
             path = data.pop("screenshot_path")
             data.setdefault("screenshot", True)
             if isinstance(path, str) and path.strip():
-                stem = re.sub(r"\.(png|jpe?g)$", "", path.strip().replace("\\", "/").rsplit("/", 1)[-1], flags=re.IGNORECASE)
+                stem = re.sub(
+                    r"\.(png|jpe?g)$", "", path.strip().replace("\\", "/").rsplit("/", 1)[-1], flags=re.IGNORECASE
+                )
                 data.setdefault("name", stem or "interaction")
             note("'screenshot_path' -> 'screenshot: true' (written to the run's evidence directory)")
         if "steps" in data:
@@ -560,8 +670,15 @@ async def _settle_after(page: Any, deadline: Deadline) -> None:
         pass
 
 
-async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageInputs, deadline: Deadline,
-                    guard: Guard, shots: list[tuple[str, bytes]]) -> str | None:
+async def _run_step(
+    page: Any,
+    step: BrowserStep,
+    ctx: RunContext,
+    inputs: PageInputs,
+    deadline: Deadline,
+    guard: Guard,
+    shots: list[tuple[str, bytes]],
+) -> str | None:
     """Perform one step (of P18 ``steps`` or SCREENSHOT ``actions``); returns why it failed, or None."""
     timeout = min(step.timeout_ms or getattr(inputs, "action_timeout_ms", DEFAULT_ACTION_TIMEOUT_MS), deadline.ms())
     act = step.action
@@ -574,13 +691,21 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageI
             if problem:
                 return problem
             page_s = (step.timeout_ms or inputs.timeout_ms) / 1000
-            rendered = await load_page(page, url, deadline=Deadline(min(deadline.left(), page_s)),
-                                       wait_until=inputs.wait_until, settle_ms=0, guard=guard)
+            rendered = await load_page(
+                page,
+                url,
+                deadline=Deadline(min(deadline.left(), page_s)),
+                wait_until=inputs.wait_until,
+                settle_ms=0,
+                guard=guard,
+            )
             if rendered.error:
                 return rendered.error
         elif act == "wait":
             if step.selectors():
-                await _locate(page, step.selectors(), min(step.wait_ms or timeout, deadline.ms()), step.state or "attached")
+                await _locate(
+                    page, step.selectors(), min(step.wait_ms or timeout, deadline.ms()), step.state or "attached"
+                )
             elif step.wait_ms:
                 await asyncio.sleep(min(step.wait_ms / 1000, deadline.left()))
             else:
@@ -611,7 +736,9 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageI
             while True:
                 if step.selectors():
                     try:
-                        seen = await (await _locate(page, step.selectors(), max(1, sub.ms()))).inner_text(timeout=max(1, sub.ms()))
+                        seen = await (await _locate(page, step.selectors(), max(1, sub.ms()))).inner_text(
+                            timeout=max(1, sub.ms())
+                        )
                     except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
                         seen = ""
                 else:
@@ -664,22 +791,35 @@ async def _run_step(page: Any, step: BrowserStep, ctx: RunContext, inputs: PageI
 
 async def _page_text(page: Any, deadline: Deadline) -> str:
     try:
-        text = await asyncio.wait_for(page.locator("body").inner_text(timeout=min(2000, deadline.ms())), min(3.0, deadline.left()))
+        text = await asyncio.wait_for(
+            page.locator("body").inner_text(timeout=min(2000, deadline.ms())), min(3.0, deadline.left())
+        )
         return text if isinstance(text, str) else ""
     except Exception:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
         return ""
 
 
-async def _check_expectations(page: Any, expect: Expectations, inputs: P18Inputs, deadline: Deadline) -> list[dict[str, Any]]:
+async def _check_expectations(
+    page: Any, expect: Expectations, inputs: P18Inputs, deadline: Deadline
+) -> list[dict[str, Any]]:
     """Each expectation polls until it holds or its time is up."""
     results: list[dict[str, Any]] = []
     for selector in expect.selector_visible:
         try:
-            await page.locator(selector).first.wait_for(state="visible", timeout=min(inputs.action_timeout_ms, deadline.ms()))
+            await page.locator(selector).first.wait_for(
+                state="visible", timeout=min(inputs.action_timeout_ms, deadline.ms())
+            )
             results.append({"selector_visible": selector, "passed": True})
         except Exception as exc:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
-            results.append({"selector_visible": selector, "passed": False,
-                            "message": "not visible in time" if "Timeout" in type(exc).__name__ else str(exc).splitlines()[0][:200]})
+            results.append(
+                {
+                    "selector_visible": selector,
+                    "passed": False,
+                    "message": "not visible in time"
+                    if "Timeout" in type(exc).__name__
+                    else str(exc).splitlines()[0][:200],
+                }
+            )
     for kind, wanted_list in (("text_contains", expect.text_contains), ("url_contains", expect.url_contains)):
         for wanted in wanted_list:
             sub = Deadline(min(inputs.action_timeout_ms / 1000, deadline.left()))
@@ -715,19 +855,34 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
         deadline = Deadline(budget)
         out: dict[str, Any] = {"steps": [], "expect": [], "shots": [], "failure": None, "unreachable": False}
         if first:
-            rendered = await load_page(page, first, deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
-                                       wait_until=inputs.wait_until, wait_for_selector=inputs.wait_for_selector,
-                                       settle_ms=inputs.settle_ms, guard=guard)
+            rendered = await load_page(
+                page,
+                first,
+                deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
+                wait_until=inputs.wait_until,
+                wait_for_selector=inputs.wait_for_selector,
+                settle_ms=inputs.settle_ms,
+                guard=guard,
+            )
             out["page"] = rendered.evidence()
             if rendered.error:
                 out["failure"], out["unreachable"] = rendered.error, rendered.unreachable
         if out["failure"] is None:
             for index, step in enumerate(inputs.steps):
                 problem = await _run_step(page, step, ctx, inputs, deadline, guard, out["shots"])
-                out["steps"].append({"index": index, "action": step.action, "passed": problem is None,
-                                     **({"message": problem} if problem else {}),
-                                     **({"skipped": step.skipped_action, "message": "not run (no-op step)"}
-                                        if step.action == "noop" else {})})
+                out["steps"].append(
+                    {
+                        "index": index,
+                        "action": step.action,
+                        "passed": problem is None,
+                        **({"message": problem} if problem else {}),
+                        **(
+                            {"skipped": step.skipped_action, "message": "not run (no-op step)"}
+                            if step.action == "noop"
+                            else {}
+                        ),
+                    }
+                )
                 if problem:
                     out["failure"] = f"step {index} ({step.action}) failed: {problem}"
                     break
@@ -736,7 +891,8 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
             bad = [e for e in out["expect"] if not e["passed"]]
             if bad:
                 out["failure"] = "expectation failed: " + "; ".join(
-                    f"{k}={v!r}" for e in bad[:3] for k, v in e.items() if k not in ("passed", "message"))
+                    f"{k}={v!r}" for e in bad[:3] for k, v in e.items() if k not in ("passed", "message")
+                )
         if inputs.screenshot and not deadline.expired():
             try:
                 png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
@@ -765,7 +921,11 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
         ctx.capture("rendered_dom", dom)
         ctx.capture("rendered_dom_url", out["final_url"])
         ctx.capture("rendered_dom_length", len(dom))
-        evidence["dom"] = {"chars": len(dom), "truncated": cut, **(save_evidence(ctx, f"{inputs.name}-dom", dom, "html") if dom else {})}
+        evidence["dom"] = {
+            "chars": len(dom),
+            "truncated": cut,
+            **(save_evidence(ctx, f"{inputs.name}-dom", dom, "html") if dom else {}),
+        }
     for stem, png in out["shots"]:
         pointer = save_evidence(ctx, stem, png, "png")
         evidence.setdefault("screenshots", []).append(pointer)
@@ -774,8 +934,12 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
         ctx.capture("screenshot_urls", [*_as_list(ctx.vars.get("screenshot_urls")), out["final_url"]])
     value = {"final_url": out["final_url"], "steps": len(out["steps"])}
     if out["failure"]:
-        return StepResult(passed=False, unreachable=out["unreachable"], message=out["failure"], value=value, evidence=evidence)
-    summary = f"{len(inputs.steps)} step(s) done" + (f", {len(out['expect'])} expectation(s) hold" if out["expect"] else "")
+        return StepResult(
+            passed=False, unreachable=out["unreachable"], message=out["failure"], value=value, evidence=evidence
+        )
+    summary = f"{len(inputs.steps)} step(s) done" + (
+        f", {len(out['expect'])} expectation(s) hold" if out["expect"] else ""
+    )
     skipped = [s["skipped"] for s in out["steps"] if s.get("skipped")]
     if skipped:
         summary += f"; {len(skipped)} no-op step(s) not run: {', '.join(map(repr, skipped))}"
@@ -783,14 +947,61 @@ def browser_interaction(inputs: P18Inputs, ctx: RunContext) -> StepResult:
 
 
 # --- P19 dom_assertion -------------------------------------------------------------------------------
-_DOM_KEYS = frozenset({"selector", "should_exist", "shouldExist", "exists", "text_contains", "textContains", "contains", "text",
-                       "count_min", "min_count", "minCount", "count_max", "max_count", "maxCount", "visible",
-                       "faded_counts_as_hidden", "case_insensitive", "text_any_of", "comment", "description", "name",
-                       "label", "note"})
-_VISIBILITY_CHECKS = frozenset({"visibility", "visible", "is_visible", "visibility_or_opacity", "display", "displayed",
-                                "opacity", "hidden", "is_hidden", "not_visible"})
-_HIDDEN_WORDS = frozenset({"hidden", "not_visible", "invisible", "false", "hidden_or_reduced", "reduced", "faded",
-                           "hidden_or_faded", "not_displayed", "none"})
+_DOM_KEYS = frozenset(
+    {
+        "selector",
+        "should_exist",
+        "shouldExist",
+        "exists",
+        "text_contains",
+        "textContains",
+        "contains",
+        "text",
+        "count_min",
+        "min_count",
+        "minCount",
+        "count_max",
+        "max_count",
+        "maxCount",
+        "visible",
+        "faded_counts_as_hidden",
+        "case_insensitive",
+        "text_any_of",
+        "comment",
+        "description",
+        "name",
+        "label",
+        "note",
+    }
+)
+_VISIBILITY_CHECKS = frozenset(
+    {
+        "visibility",
+        "visible",
+        "is_visible",
+        "visibility_or_opacity",
+        "display",
+        "displayed",
+        "opacity",
+        "hidden",
+        "is_hidden",
+        "not_visible",
+    }
+)
+_HIDDEN_WORDS = frozenset(
+    {
+        "hidden",
+        "not_visible",
+        "invisible",
+        "false",
+        "hidden_or_reduced",
+        "reduced",
+        "faded",
+        "hidden_or_faded",
+        "not_displayed",
+        "none",
+    }
+)
 _SHOWN_WORDS = frozenset({"visible", "shown", "true", "displayed", "opaque"})
 
 
@@ -828,10 +1039,14 @@ def normalise_dom_assertion(raw: Any, where: str | None = None) -> Any:
             negate = check in ("hidden", "is_hidden", "not_visible")
             shown = (expected is not False and word not in _HIDDEN_WORDS) if has_expected else True
             data["visible"] = shown != negate
-            if not data["visible"] and ("opacity" in check or word in ("hidden_or_reduced", "reduced", "faded", "hidden_or_faded")):
+            if not data["visible"] and (
+                "opacity" in check or word in ("hidden_or_reduced", "reduced", "faded", "hidden_or_faded")
+            ):
                 data["faded_counts_as_hidden"] = True
-            say(f"DOM assertion 'check: {check}'{f', expected: {expected!r}' if has_expected else ''} -> 'visible: {data['visible']}'"
-                 + (" (reduced opacity counts as hidden)" if data.get("faded_counts_as_hidden") else ""))
+            say(
+                f"DOM assertion 'check: {check}'{f', expected: {expected!r}' if has_expected else ''} -> 'visible: {data['visible']}'"
+                + (" (reduced opacity counts as hidden)" if data.get("faded_counts_as_hidden") else "")
+            )
         elif check in ("text", "text_contains", "contains_text", "has_text", "contains") and isinstance(expected, str):
             data.setdefault("text_contains", expected)
             say(f"DOM assertion 'check: {check}' -> 'text_contains'")
@@ -839,16 +1054,22 @@ def normalise_dom_assertion(raw: Any, where: str | None = None) -> Any:
             flag = bool(expected) if has_expected and isinstance(expected, bool) else True
             data.setdefault("should_exist", flag if check not in ("not_exists", "absent") else not flag)
             say(f"DOM assertion 'check: {check}' -> 'should_exist: {data['should_exist']}'")
-        elif check in ("count", "count_eq", "count_min", "min_count", "count_gte", "count_max", "max_count", "count_lte") \
-                and isinstance(expected, int) and not isinstance(expected, bool):
+        elif (
+            check in ("count", "count_eq", "count_min", "min_count", "count_gte", "count_max", "max_count", "count_lte")
+            and isinstance(expected, int)
+            and not isinstance(expected, bool)
+        ):
             if check in ("count", "count_eq", "count_min", "min_count", "count_gte"):
                 data.setdefault("count_min", expected)
             if check in ("count", "count_eq", "count_max", "max_count", "count_lte"):
                 data.setdefault("count_max", expected)
             say(f"DOM assertion 'check: {check}' -> count bounds")
         else:
-            warn(f"DOM assertion check {check!r}{f' (expected {expected!r})' if has_expected else ''} not understood: "
-                 "only the selector's existence is checked", at("check"))
+            warn(
+                f"DOM assertion check {check!r}{f' (expected {expected!r})' if has_expected else ''} not understood: "
+                "only the selector's existence is checked",
+                at("check"),
+            )
     if data.get("visible") is False and not any(k in data for k in ("should_exist", "shouldExist", "exists")):
         data["should_exist"] = None  # "hidden" holds when nothing matches, too
     for key in [k for k in data if k not in _DOM_KEYS]:
@@ -861,17 +1082,32 @@ class DomAssertion(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     selector: str = Field(min_length=1)
-    should_exist: bool | None = Field(default=True, validation_alias=AliasChoices("should_exist", "shouldExist", "exists"),
-                                      description="true: some element matches; false: none does; null: either")
-    text_contains: str | None = Field(default=None, validation_alias=AliasChoices("text_contains", "textContains", "contains", "text"))
+    should_exist: bool | None = Field(
+        default=True,
+        validation_alias=AliasChoices("should_exist", "shouldExist", "exists"),
+        description="true: some element matches; false: none does; null: either",
+    )
+    text_contains: str | None = Field(
+        default=None, validation_alias=AliasChoices("text_contains", "textContains", "contains", "text")
+    )
     text_any_of: list[str] | None = Field(default=None, description="Some matching element contains one of these texts")
     case_insensitive: bool = Field(default=False, description="Text comparisons ignore case")
-    count_min: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("count_min", "min_count", "minCount"))
-    count_max: int | None = Field(default=None, ge=0, validation_alias=AliasChoices("count_max", "max_count", "maxCount"))
-    visible: bool | None = Field(default=None, description="true: some matching element is shown; false: none is "
-                                 "(display, visibility, zero size and the opacity of its ancestors are considered)")
-    faded_counts_as_hidden: bool = Field(default=False, description="With visible: false, an element whose effective "
-                                         "opacity is below 1 counts as hidden (e.g. a toolbar that fades out)")
+    count_min: int | None = Field(
+        default=None, ge=0, validation_alias=AliasChoices("count_min", "min_count", "minCount")
+    )
+    count_max: int | None = Field(
+        default=None, ge=0, validation_alias=AliasChoices("count_max", "max_count", "maxCount")
+    )
+    visible: bool | None = Field(
+        default=None,
+        description="true: some matching element is shown; false: none is "
+        "(display, visibility, zero size and the opacity of its ancestors are considered)",
+    )
+    faded_counts_as_hidden: bool = Field(
+        default=False,
+        description="With visible: false, an element whose effective "
+        "opacity is below 1 counts as hidden (e.g. a toolbar that fades out)",
+    )
     description: str | None = None
     comment: str | None = None
 
@@ -881,19 +1117,37 @@ class DomAssertion(BaseModel):
         return normalise_dom_assertion(data)
 
 
-_TOP_SELECTOR_KEYS = ("selector", "shouldExist", "should_exist", "text_contains", "count_min", "expect_present", "assertion",
-                      "visible", "check", "text_any_of")
+_TOP_SELECTOR_KEYS = (
+    "selector",
+    "shouldExist",
+    "should_exist",
+    "text_contains",
+    "count_min",
+    "expect_present",
+    "assertion",
+    "visible",
+    "check",
+    "text_any_of",
+)
 
 
 class P19Inputs(PageInputs):
-    url: str | None = Field(default=None, description="Page to load; without it the assertions run with JavaScript off on "
-                            "the page this node rendered (rendered_dom / last_page_html), else on the last HTTP response "
-                            "when it is HTML, else on the page rendered last in the run")
+    url: str | None = Field(
+        default=None,
+        description="Page to load; without it the assertions run with JavaScript off on "
+        "the page this node rendered (rendered_dom / last_page_html), else on the last HTTP response "
+        "when it is HTML, else on the page rendered last in the run",
+    )
     assertions: list[DomAssertion] = Field(default_factory=list, description="CSS-selector assertions")
-    source_contains_any: list[str] | None = Field(default=None, description="The page's source (HTML text, scripts "
-                                                  "included) contains one of these strings")
-    require: Literal["all", "any"] = Field(default="all", description="all: every assertion must hold; any: one is enough")
-    assertion_timeout_ms: float = Field(default=5000, ge=0, description="How long a should-exist selector may take to appear")
+    source_contains_any: list[str] | None = Field(
+        default=None, description="The page's source (HTML text, scripts included) contains one of these strings"
+    )
+    require: Literal["all", "any"] = Field(
+        default="all", description="all: every assertion must hold; any: one is enough"
+    )
+    assertion_timeout_ms: float = Field(
+        default=5000, ge=0, description="How long a should-exist selector may take to appear"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -911,7 +1165,9 @@ class P19Inputs(PageInputs):
             if "selectors" in data and "assertions" not in data:
                 # sgdoserd: {"selectors": ["#root", "html"], "all_required": false}
                 selectors = data.pop("selectors")
-                data["assertions"] = [{"selector": x} for x in (selectors if isinstance(selectors, list) else [selectors])]
+                data["assertions"] = [
+                    {"selector": x} for x in (selectors if isinstance(selectors, list) else [selectors])
+                ]
                 note("'selectors' -> one assertion per selector")
             if "all_required" in data:
                 flag = data.pop("all_required")
@@ -924,7 +1180,9 @@ class P19Inputs(PageInputs):
                 data["assertions"] = [{k: data.pop(k) for k in _TOP_SELECTOR_KEYS if k in data}]
                 note("top-level 'selector' -> assertions[0]")
             if isinstance(data.get("assertions"), list):
-                data["assertions"] = [normalise_dom_assertion(a, f"assertions[{i}]") for i, a in enumerate(data["assertions"])]
+                data["assertions"] = [
+                    normalise_dom_assertion(a, f"assertions[{i}]") for i, a in enumerate(data["assertions"])
+                ]
         return data
 
     @model_validator(mode="after")
@@ -960,7 +1218,10 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
                     raise
         count = await locator.count()
     except Exception as exc:  # noqa: BLE001 - Playwright raises many error types; each becomes the step's message, never a crash
-        out.update(passed=False, message=f"selector error: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+        out.update(
+            passed=False,
+            message=f"selector error: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+        )
         return out
     out["count"] = count
     problems: list[str] = []
@@ -981,8 +1242,10 @@ async def _assert_one(page: Any, item: DomAssertion, timeout_ms: float) -> dict[
         if item.visible and not some:
             problems.append("no matching element is visible")
         if item.visible is False and (full if item.faded_counts_as_hidden else some):
-            problems.append(f"{len(full if item.faded_counts_as_hidden else some)} matching element(s) visible"
-                            + (" at full opacity" if item.faded_counts_as_hidden else ""))
+            problems.append(
+                f"{len(full if item.faded_counts_as_hidden else some)} matching element(s) visible"
+                + (" at full opacity" if item.faded_counts_as_hidden else "")
+            )
     elif item.visible and count == 0 and not item.should_exist:
         problems.append("no element matches, so none is visible")
     if item.count_min is not None and count < item.count_min:
@@ -1018,8 +1281,12 @@ def _stored_page(ctx: RunContext) -> tuple[str | None, str]:
         if isinstance(value, str) and value.strip():
             return value, "the page rendered in this node"
     response = ctx.last_response
-    if response is not None and isinstance(response.text, str) and response.text.strip() and (
-            "html" in str(response.headers.get("content-type", "")).lower() or response.text.lstrip()[:1] == "<"):
+    if (
+        response is not None
+        and isinstance(response.text, str)
+        and response.text.strip()
+        and ("html" in str(response.headers.get("content-type", "")).lower() or response.text.lstrip()[:1] == "<")
+    ):
         return response.text, f"the last response ({response.method} {response.url} -> {response.status})"
     for name in ("last_page_html", "rendered_dom"):
         value = ctx.vars.get(name)
@@ -1035,8 +1302,15 @@ def _source_check(inputs: P19Inputs, source: str | None) -> dict[str, Any]:
     if found is not None:
         out["matched"] = found
     else:
-        out["message"] = ("the page source contains none of " + ", ".join(map(repr, wanted[:6]))
-                          + (f" (+{len(wanted) - 6})" if len(wanted) > 6 else "")) if source is not None else "no page source"
+        out["message"] = (
+            (
+                "the page source contains none of "
+                + ", ".join(map(repr, wanted[:6]))
+                + (f" (+{len(wanted) - 6})" if len(wanted) > 6 else "")
+            )
+            if source is not None
+            else "no page source"
+        )
     return out
 
 
@@ -1065,9 +1339,15 @@ def dom_assertion(inputs: P19Inputs, ctx: RunContext) -> StepResult:
         deadline = Deadline(budget)
         rendered = None
         if url is not None:
-            rendered = await load_page(page, url, deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
-                                       wait_until=inputs.wait_until, wait_for_selector=inputs.wait_for_selector,
-                                       settle_ms=inputs.settle_ms, guard=guard)
+            rendered = await load_page(
+                page,
+                url,
+                deadline=Deadline(min(deadline.left(), inputs.timeout_ms / 1000)),
+                wait_until=inputs.wait_until,
+                wait_for_selector=inputs.wait_for_selector,
+                settle_ms=inputs.settle_ms,
+                guard=guard,
+            )
             if rendered.unreachable or (rendered.status is None and rendered.error):
                 return rendered, [], None
         else:
@@ -1083,8 +1363,9 @@ def dom_assertion(inputs: P19Inputs, ctx: RunContext) -> StepResult:
     source: str | None = stored
     if inputs.assertions or url is not None:  # text checks alone on a page we already have need no browser
         try:
-            (rendered, results, source), guard_summary = _with_guard(ctx, inputs, identity if url else None, work, budget,
-                                                                     javascript=url is not None, block_all=url is None)
+            (rendered, results, source), guard_summary = _with_guard(
+                ctx, inputs, identity if url else None, work, budget, javascript=url is not None, block_all=url is None
+            )
         except BrowserTimeout:
             return _timeout_result("P19", budget)
     if inputs.source_contains_any and not (rendered is not None and rendered.error):
@@ -1101,5 +1382,7 @@ def dom_assertion(inputs: P19Inputs, ctx: RunContext) -> StepResult:
     if not ok:
         bad = next(r for r in results if not r["passed"])
         what = repr(bad["selector"]) if bad.get("selector") else "source_contains_any"
-        return StepResult(passed=False, value=value, evidence=evidence, message=f"{label}; {what}: {bad.get('message', '')}")
+        return StepResult(
+            passed=False, value=value, evidence=evidence, message=f"{label}; {what}: {bad.get('message', '')}"
+        )
     return StepResult(passed=True, value=value, evidence=evidence, message=label)

@@ -35,38 +35,132 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from saasbench.dag import as_number, note, warn
 
-Action = Literal["goto", "click", "fill", "type", "wait", "press", "select", "check", "uncheck", "hover", "screenshot",
-                 "mouse_move", "scroll", "reload", "back", "expect_text", "noop"]
+Action = Literal[
+    "goto",
+    "click",
+    "fill",
+    "type",
+    "wait",
+    "press",
+    "select",
+    "check",
+    "uncheck",
+    "hover",
+    "screenshot",
+    "mouse_move",
+    "scroll",
+    "reload",
+    "back",
+    "expect_text",
+    "noop",
+]
 ACTIONS = frozenset(Action.__args__)  # type: ignore[attr-defined]
 _ACTION_ALIASES = {
-    "navigate": "goto", "visit": "goto", "open": "goto", "go": "goto", "navigate_to": "goto", "goto_url": "goto",
-    "load": "goto", "open_url": "goto", "visit_url": "goto",
-    "input": "fill", "set": "fill", "enter": "fill", "type_text": "fill", "input_text": "fill", "set_value": "fill",
+    "navigate": "goto",
+    "visit": "goto",
+    "open": "goto",
+    "go": "goto",
+    "navigate_to": "goto",
+    "goto_url": "goto",
+    "load": "goto",
+    "open_url": "goto",
+    "visit_url": "goto",
+    "input": "fill",
+    "set": "fill",
+    "enter": "fill",
+    "type_text": "fill",
+    "input_text": "fill",
+    "set_value": "fill",
     "fill_input": "fill",
-    "wait_for": "wait", "wait_for_selector": "wait", "waitforselector": "wait", "check_element": "wait",
-    "sleep": "wait", "pause": "wait", "delay": "wait", "wait_for_timeout": "wait", "wait_for_element": "wait",
-    "wait_for_visible": "wait", "assert_visible": "wait", "expect_visible": "wait", "assert_exists": "wait",
-    "wait_for_load_state": "wait", "wait_for_load": "wait", "wait_for_navigation": "wait", "wait_for_network_idle": "wait",
-    "keypress": "press", "key": "press", "press_key": "press", "keyboard": "press", "keyboard_press": "press",
-    "select_option": "select", "choose": "select",
-    "tap": "click", "dblclick": "click", "double_click": "click", "click_element": "click",
-    "capture": "screenshot", "take_screenshot": "screenshot", "snapshot": "screenshot", "screen_shot": "screenshot",
-    "mousemove": "mouse_move", "move_mouse": "mouse_move", "mouse": "mouse_move", "mouse_over_point": "mouse_move",
-    "scroll_to": "scroll", "scroll_into_view": "scroll", "scrollintoview": "scroll", "scroll_down": "scroll",
-    "refresh": "reload", "reload_page": "reload",
-    "go_back": "back", "navigate_back": "back", "history_back": "back",
-    "assert_text": "expect_text", "expect_text": "expect_text", "wait_for_text": "expect_text", "check_text": "expect_text",
-    "verify_text": "expect_text", "assert_text_contains": "expect_text", "text_contains": "expect_text",
+    "wait_for": "wait",
+    "wait_for_selector": "wait",
+    "waitforselector": "wait",
+    "check_element": "wait",
+    "sleep": "wait",
+    "pause": "wait",
+    "delay": "wait",
+    "wait_for_timeout": "wait",
+    "wait_for_element": "wait",
+    "wait_for_visible": "wait",
+    "assert_visible": "wait",
+    "expect_visible": "wait",
+    "assert_exists": "wait",
+    "wait_for_load_state": "wait",
+    "wait_for_load": "wait",
+    "wait_for_navigation": "wait",
+    "wait_for_network_idle": "wait",
+    "keypress": "press",
+    "key": "press",
+    "press_key": "press",
+    "keyboard": "press",
+    "keyboard_press": "press",
+    "select_option": "select",
+    "choose": "select",
+    "tap": "click",
+    "dblclick": "click",
+    "double_click": "click",
+    "click_element": "click",
+    "capture": "screenshot",
+    "take_screenshot": "screenshot",
+    "snapshot": "screenshot",
+    "screen_shot": "screenshot",
+    "mousemove": "mouse_move",
+    "move_mouse": "mouse_move",
+    "mouse": "mouse_move",
+    "mouse_over_point": "mouse_move",
+    "scroll_to": "scroll",
+    "scroll_into_view": "scroll",
+    "scrollintoview": "scroll",
+    "scroll_down": "scroll",
+    "refresh": "reload",
+    "reload_page": "reload",
+    "go_back": "back",
+    "navigate_back": "back",
+    "history_back": "back",
+    "assert_text": "expect_text",
+    "expect_text": "expect_text",
+    "wait_for_text": "expect_text",
+    "check_text": "expect_text",
+    "verify_text": "expect_text",
+    "assert_text_contains": "expect_text",
+    "text_contains": "expect_text",
 }
 # Page JavaScript written in the DAG: never run (see the module docstring).
-_SCRIPT_ACTIONS = frozenset({"evaluate", "eval", "script", "js", "javascript", "execute_script", "evaluate_script",
-                             "run_script", "exec_js", "run_js"})
+_SCRIPT_ACTIONS = frozenset(
+    {
+        "evaluate",
+        "eval",
+        "script",
+        "js",
+        "javascript",
+        "execute_script",
+        "evaluate_script",
+        "run_script",
+        "exec_js",
+        "run_js",
+    }
+)
 _NEEDS_SELECTOR = frozenset({"click", "fill", "type", "select", "check", "uncheck", "hover"})
 _MS_KEYS = ("timeout", "ms", "duration", "duration_ms", "delay", "delay_ms", "sleep_ms", "time_ms", "wait_time_ms")
 _S_KEYS = ("seconds", "duration_s", "wait_s", "delay_s", "sleep_s")
 _ANNOTATIONS = ("description", "comment", "note", "label", "_comment")
-_KNOWN = frozenset({"action", "selector", "selector_any_of", "value", "url", "wait_ms", "timeout_ms", "name", "x", "y",
-                    "state", "skipped_action", *_ANNOTATIONS})
+_KNOWN = frozenset(
+    {
+        "action",
+        "selector",
+        "selector_any_of",
+        "value",
+        "url",
+        "wait_ms",
+        "timeout_ms",
+        "name",
+        "x",
+        "y",
+        "state",
+        "skipped_action",
+        *_ANNOTATIONS,
+    }
+)
 
 
 def scoped(where: str | None) -> tuple[Any, Any]:
@@ -101,8 +195,11 @@ def normalise_step(raw: Any, where: str | None = None) -> Any:
         key = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", action.strip()).lower().replace("-", "_").replace(" ", "_")
         if key in _SCRIPT_ACTIONS:
             data["action"], data["skipped_action"] = "noop", action
-            warn(f"browser action {action!r} (page JavaScript from the DAG) is not run: kept as a no-op step "
-                 "(recorded in the evidence)", at("action"))
+            warn(
+                f"browser action {action!r} (page JavaScript from the DAG) is not run: kept as a no-op step "
+                "(recorded in the evidence)",
+                at("action"),
+            )
         elif key in _ACTION_ALIASES and _ACTION_ALIASES[key] != key:
             data["action"] = _ACTION_ALIASES[key]
             say(f"browser action {action!r} -> {data['action']!r}")
@@ -110,7 +207,10 @@ def normalise_step(raw: Any, where: str | None = None) -> Any:
             data["action"] = key
         else:
             data["action"], data["skipped_action"] = "noop", action
-            warn(f"browser action {action!r} is not supported: kept as a no-op step (recorded in the evidence)", at("action"))
+            warn(
+                f"browser action {action!r} is not supported: kept as a no-op step (recorded in the evidence)",
+                at("action"),
+            )
     act = data.get("action")
     if act == "wait" and isinstance(data.get("text"), str) and not (data.get("selector") or data.get("selectors")):
         data["action"] = act = "expect_text"  # {"action": "wait", "text": "Saved"}: wait for that text
@@ -199,14 +299,18 @@ class BrowserStep(BaseModel):
     selector_any_of: list[str] | None = Field(default=None, description="The first of these selectors that appears")
     value: Any = None
     url: str | None = None
-    wait_ms: float | None = Field(default=None, ge=0, description="wait: pause (no selector) or selector timeout; "
-                                  "other actions: pause after the action")
+    wait_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="wait: pause (no selector) or selector timeout; other actions: pause after the action",
+    )
     timeout_ms: float | None = Field(default=None, gt=0)
     name: str | None = Field(default=None, description="screenshot: evidence file name stem")
     x: float | None = Field(default=None, description="mouse_move: viewport x (default: the centre)")
     y: float | None = Field(default=None, description="mouse_move: viewport y (default: the centre); scroll: pixels")
     state: Literal["attached", "visible", "hidden", "detached"] | None = Field(
-        default=None, description="wait with a selector: the state to wait for (default attached)")
+        default=None, description="wait with a selector: the state to wait for (default attached)"
+    )
     skipped_action: str | None = Field(default=None, description="noop: the DAG's action that is not run")
     description: str | None = None
     comment: str | None = None

@@ -51,9 +51,17 @@ def _tail_chars(text: str, n: int = EVIDENCE_CHARS) -> str:
 
 
 MatchType = Literal["contains", "regex", "icontains"]
-_MATCH_ALIASES = {"substring": "contains", "string": "contains", "literal": "contains", "exact": "contains",
-                  "regexp": "regex", "re": "regex", "pattern": "regex", "contains_ci": "icontains",
-                  "case_insensitive": "icontains"}
+_MATCH_ALIASES = {
+    "substring": "contains",
+    "string": "contains",
+    "literal": "contains",
+    "exact": "contains",
+    "regexp": "regex",
+    "re": "regex",
+    "pattern": "regex",
+    "contains_ci": "icontains",
+    "case_insensitive": "icontains",
+}
 
 
 def _normalise_match_type(data: dict[str, Any]) -> None:
@@ -73,14 +81,27 @@ def _find(text: str, pattern: str, match_type: str) -> bool:
 
 # --- P12 ---------------------------------------------------------------------------------------------
 class P12Inputs(PrimitiveInputs):
-    command: str = Field(min_length=1, description="Shell command, run with bash -c in the workspace of the app's environment")
-    container: str | None = Field(default=None, description="Container name in the public harness; recorded, ignored by the local backend")
-    expect_exit_code: int | None = Field(default=None, description="Exit code that passes (default 0 unless expect_success is false)")
-    expect_success: bool | None = Field(default=None, description="true: exit code 0 passes; false: any non-zero exit code passes")
+    command: str = Field(
+        min_length=1, description="Shell command, run with bash -c in the workspace of the app's environment"
+    )
+    container: str | None = Field(
+        default=None, description="Container name in the public harness; recorded, ignored by the local backend"
+    )
+    expect_exit_code: int | None = Field(
+        default=None, description="Exit code that passes (default 0 unless expect_success is false)"
+    )
+    expect_success: bool | None = Field(
+        default=None, description="true: exit code 0 passes; false: any non-zero exit code passes"
+    )
     expect_output_contains: str | list[str] | None = Field(
-        default=None, description="Case-sensitive substring(s) that stdout+stderr must all contain")
-    expect_output_regex: str | None = Field(default=None, description="Python regex searched (MULTILINE) in stdout+stderr")
-    capture_stdout_as: str | None = Field(default=None, description="Capture the last non-empty stdout line as {{name}}")
+        default=None, description="Case-sensitive substring(s) that stdout+stderr must all contain"
+    )
+    expect_output_regex: str | None = Field(
+        default=None, description="Python regex searched (MULTILINE) in stdout+stderr"
+    )
+    capture_stdout_as: str | None = Field(
+        default=None, description="Capture the last non-empty stdout line as {{name}}"
+    )
     timeout: float = Field(default=120.0, gt=0, description="Seconds; bounded by the node deadline")
 
     @model_validator(mode="before")
@@ -92,7 +113,11 @@ class P12Inputs(PrimitiveInputs):
         rename_aliases(data, "command", ("cmd", "script", "shell"))
         rename_aliases(data, "container", ("container_name", "service"))
         rename_aliases(data, "expect_exit_code", ("expected_exit_code", "exit_code"))
-        rename_aliases(data, "expect_output_contains", ("expected_output", "expect_output", "output_contains", "expect_stdout_contains"))
+        rename_aliases(
+            data,
+            "expect_output_contains",
+            ("expected_output", "expect_output", "output_contains", "expect_stdout_contains"),
+        )
         rename_aliases(data, "expect_output_regex", ("expect_output_match_regex",))  # orghjavi
         if "timeout_s" in data and "timeout" not in data:
             data["timeout"] = data.pop("timeout_s")
@@ -112,11 +137,22 @@ def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
     result = env.exec(command, timeout_s=timeout, env=command_env(ctx, command) or None)
     output = result.stdout + ("\n" if result.stdout and result.stderr else "") + result.stderr
     evidence: dict[str, Any] = {
-        "command": command, "container": inputs.container, "backend": getattr(env, "kind", None),
-        "exit_code": result.exit_code, "timed_out": result.timed_out, "truncated": result.truncated,
-        "timeout_s": round(timeout, 3), "stdout": _tail_chars(result.stdout), "stderr": _tail_chars(result.stderr),
+        "command": command,
+        "container": inputs.container,
+        "backend": getattr(env, "kind", None),
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "truncated": result.truncated,
+        "timeout_s": round(timeout, 3),
+        "stdout": _tail_chars(result.stdout),
+        "stderr": _tail_chars(result.stderr),
     }
-    value: dict[str, Any] = {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr, "output": output}
+    value: dict[str, Any] = {
+        "exit_code": result.exit_code,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "output": output,
+    }
     last_line = next((ln.strip() for ln in reversed(result.stdout.splitlines()) if ln.strip()), "")
     if re.fullmatch(r"-?\d{1,18}", last_line):
         value["output_int"] = int(last_line)  # `... | wc -l` style commands, asserted as $.output_int
@@ -159,11 +195,17 @@ def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
 
 # --- P21 ---------------------------------------------------------------------------------------------
 class P21Inputs(PrimitiveInputs):
-    log_path: str = Field(default="log/production.log",
-                          description="A log file relative to the workspace, or the name of a service the environment started (e.g. 'app')")
-    pattern: str = Field(description="Text to find (contains/icontains) or a Python regex (regex); empty: only read "
-                         "the log (evidence for a judge) and pass when it could be read")
-    match_type: MatchType = Field(default="contains", description="contains (case-sensitive), icontains, or regex (MULTILINE)")
+    log_path: str = Field(
+        default="log/production.log",
+        description="A log file relative to the workspace, or the name of a service the environment started (e.g. 'app')",
+    )
+    pattern: str = Field(
+        description="Text to find (contains/icontains) or a Python regex (regex); empty: only read "
+        "the log (evidence for a judge) and pass when it could be read"
+    )
+    match_type: MatchType = Field(
+        default="contains", description="contains (case-sensitive), icontains, or regex (MULTILINE)"
+    )
     tail_lines: int = Field(default=200, ge=1, description="Search only the last N lines")
     expect_match: bool = Field(default=True, description="false: pass when the pattern is absent")
 
@@ -207,40 +249,68 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
 
         source = "exec"
         try:
-            text = env.tail_file(inputs.log_path, inputs.tail_lines, env=ctx.target.exec_env or None,
-                                 timeout_s=ctx.timeout(30.0))
+            text = env.tail_file(
+                inputs.log_path, inputs.tail_lines, env=ctx.target.exec_env or None, timeout_s=ctx.timeout(30.0)
+            )
         except FileNotFoundError:
-            return StepResult(passed=False, message=f"log {inputs.log_path!r} not found where the exec target runs commands",
-                              evidence={"log_path": inputs.log_path, "source": source})
+            return StepResult(
+                passed=False,
+                message=f"log {inputs.log_path!r} not found where the exec target runs commands",
+                evidence={"log_path": inputs.log_path, "source": source},
+            )
         except (EnvError, OSError) as exc:
-            return StepResult(passed=False, message=f"cannot read log {inputs.log_path!r}: {exc}",
-                              evidence={"log_path": inputs.log_path, "source": source})
+            return StepResult(
+                passed=False,
+                message=f"cannot read log {inputs.log_path!r}: {exc}",
+                evidence={"log_path": inputs.log_path, "source": source},
+            )
     if text is None:
         from saasbench.environments.local import EnvError, PathEscape
 
         try:
             raw = env.read_file(inputs.log_path)
         except FileNotFoundError:
-            return StepResult(passed=False, message=f"log {inputs.log_path!r} not found (no such workspace file or service)",
-                              evidence={"log_path": inputs.log_path})
+            return StepResult(
+                passed=False,
+                message=f"log {inputs.log_path!r} not found (no such workspace file or service)",
+                evidence={"log_path": inputs.log_path},
+            )
         except (PathEscape, EnvError, IsADirectoryError, OSError) as exc:
-            return StepResult(passed=False, message=f"cannot read log {inputs.log_path!r}: {exc}", evidence={"log_path": inputs.log_path})
-        text = "\n".join(raw.decode("utf-8", errors="replace").splitlines()[-inputs.tail_lines:])
+            return StepResult(
+                passed=False,
+                message=f"cannot read log {inputs.log_path!r}: {exc}",
+                evidence={"log_path": inputs.log_path},
+            )
+        text = "\n".join(raw.decode("utf-8", errors="replace").splitlines()[-inputs.tail_lines :])
     ctx.capture("last_container_logs", text[-LOG_CAPTURE_CHARS:])  # what a judge of the logs reads
     if inputs.pattern == "":
         lines = len(text.splitlines())
-        return StepResult(passed=True, message=f"read {lines} line(s) of {inputs.log_path} (no pattern: nothing checked)",
-                          value={"found": None, "lines": lines},
-                          evidence={"log_path": inputs.log_path, "source": source, "tail_lines": inputs.tail_lines,
-                                    "excerpt": _tail_chars(text, 1000)})
+        return StepResult(
+            passed=True,
+            message=f"read {lines} line(s) of {inputs.log_path} (no pattern: nothing checked)",
+            value={"found": None, "lines": lines},
+            evidence={
+                "log_path": inputs.log_path,
+                "source": source,
+                "tail_lines": inputs.tail_lines,
+                "excerpt": _tail_chars(text, 1000),
+            },
+        )
     if inputs.match_type == "regex":
         try:
             re.compile(inputs.pattern)
         except re.error as exc:
             return StepResult(passed=False, message=f"invalid regex {inputs.pattern!r}: {exc}")
     found = bool(_find(text, inputs.pattern, inputs.match_type))
-    evidence = {"log_path": inputs.log_path, "source": source, "pattern": inputs.pattern, "match_type": inputs.match_type,
-                "tail_lines": inputs.tail_lines, "found": found, "excerpt": _tail_chars(text, 1000)}
+    evidence = {
+        "log_path": inputs.log_path,
+        "source": source,
+        "pattern": inputs.pattern,
+        "match_type": inputs.match_type,
+        "tail_lines": inputs.tail_lines,
+        "found": found,
+        "excerpt": _tail_chars(text, 1000),
+    }
     passed = found == inputs.expect_match
     if passed:
         msg = f"{inputs.pattern!r} {'found' if found else 'absent'} in the last {inputs.tail_lines} lines of {inputs.log_path}"

@@ -179,8 +179,6 @@ def _number(text: str) -> int | float:
     return int(f) if f.is_integer() and "." not in text and "e" not in text.lower() else f
 
 
-
-
 def _order(actual: Any, expected: Any) -> int | None:
     c = _cmp_num(actual, expected)
     if c is not None:
@@ -341,7 +339,9 @@ def _path_assertion(i: int, item: dict[str, Any]) -> PathAssertion:
         where = "result"
     else:
         where = "row"
-    note(f"P08 assertion with 'path' -> a P07 assertion on the {'first row' if where in ('column', 'row') else 'rows' if where == 'rows' else 'result document'}")
+    note(
+        f"P08 assertion with 'path' -> a P07 assertion on the {'first row' if where in ('column', 'row') else 'rows' if where == 'rows' else 'result document'}"
+    )
     return PathAssertion(where, a)
 
 
@@ -433,13 +433,17 @@ class Evaluator:
         failures: list[str] = []
         if exp.kind == "default":
             if result.is_select and not rows:
-                failures.append("query returned no rows (a SELECT without expected_result must return at least one row)")
+                failures.append(
+                    "query returned no rows (a SELECT without expected_result must return at least one row)"
+                )
         elif exp.kind == "run":
             pass
         elif exp.kind == "exists":
             has = bool(rows) if result.is_select else result.rowcount > 0
             if has != exp.exists:
-                failures.append(f"expected {'rows' if exp.exists else 'no rows'}, got {len(rows) if result.is_select else result.rowcount}")
+                failures.append(
+                    f"expected {'rows' if exp.exists else 'no rows'}, got {len(rows) if result.is_select else result.rowcount}"
+                )
         elif exp.kind == "columns":
             if first is None:
                 failures.append("query returned no rows")
@@ -460,7 +464,9 @@ class Evaluator:
                 for a in field_assertions:
                     actual = self.lookup(first, a.field, len(rows))
                     if actual is MISSING and a.check.op != "is_null":
-                        failures.append(f"assertion field {a.field!r} not in the result (columns: {', '.join(first) or 'none'})")
+                        failures.append(
+                            f"assertion field {a.field!r} not in the result (columns: {', '.join(first) or 'none'})"
+                        )
                     elif not self.check(a.check, actual):
                         failures.append(f"assertion {a.field}: expected {a.check.describe()}, got {_show(actual)}")
         return failures
@@ -473,8 +479,13 @@ class Evaluator:
         if a.expected is not None:
             a = a.model_copy(update={"expected": self.value(a.expected)})
         rows = result.rows
-        doc: Any = {"rows": rows, "count": len(rows), "rowcount": result.rowcount} if pa.where == "result" else \
-            rows if pa.where == "rows" else (first if first is not None else {})
+        doc: Any = (
+            {"rows": rows, "count": len(rows), "rowcount": result.rowcount}
+            if pa.where == "result"
+            else rows
+            if pa.where == "rows"
+            else (first if first is not None else {})
+        )
         if pa.where == "column":
             found = self.lookup(first, a.path.strip(), len(rows)) if first is not None else MISSING
             value = ABSENT if found is MISSING else found
@@ -543,13 +554,27 @@ RAW_P08 = {"sql", "query", "db_query", "expected_result", "expected", "assertion
 
 
 class P08Inputs(PrimitiveInputs):
-    sql: str | dict[str, Any] = Field(description="SQL (or a MongoDB JSON query); {{placeholders}} are bound as parameters")
-    expected_result: Any = Field(default=None, description="Expectation in any dialect (see module doc); absent = ran and SELECT returned rows")
-    assertions: list[dict[str, Any]] | None = Field(default=None, description="[{field, operator, expected}] on the first row")
-    retry_ms: int | None = Field(default=None, ge=0, description="Poll a row-returning statement until the expectations hold")
-    retry_interval_ms: int | None = Field(default=None, ge=10, description="Pause between polls (default retry_ms/10, 100..1000 ms)")
-    timeout_ms: int | None = Field(default=None, gt=0, description="Statement timeout of this step (default: the DSN's statement_timeout)")
-    store_as: str | dict[str, str] | None = Field(default=None, description="Capture the first row as {{name}}, or {var: column}")
+    sql: str | dict[str, Any] = Field(
+        description="SQL (or a MongoDB JSON query); {{placeholders}} are bound as parameters"
+    )
+    expected_result: Any = Field(
+        default=None, description="Expectation in any dialect (see module doc); absent = ran and SELECT returned rows"
+    )
+    assertions: list[dict[str, Any]] | None = Field(
+        default=None, description="[{field, operator, expected}] on the first row"
+    )
+    retry_ms: int | None = Field(
+        default=None, ge=0, description="Poll a row-returning statement until the expectations hold"
+    )
+    retry_interval_ms: int | None = Field(
+        default=None, ge=10, description="Pause between polls (default retry_ms/10, 100..1000 ms)"
+    )
+    timeout_ms: int | None = Field(
+        default=None, gt=0, description="Statement timeout of this step (default: the DSN's statement_timeout)"
+    )
+    store_as: str | dict[str, str] | None = Field(
+        default=None, description="Capture the first row as {{name}}, or {var: column}"
+    )
     save_id: str | None = Field(default=None, description="Capture the first column of the first row as {{save_id}}")
 
     _expectation: Expectation = PrivateAttr()
@@ -566,8 +591,10 @@ class P08Inputs(PrimitiveInputs):
             collection, flt = data.pop("collection"), data.pop("query", {}) or {}
             count_only = data.pop("count_only", False)
             data["sql"] = {"collection": collection, ("count" if count_only is True else "find"): flt}
-            note(f"collection/query{'/count_only' if count_only is True else ''} -> sql "
-                 f"{{collection, {'count' if count_only is True else 'find'}}} (a MongoDB JSON query)")
+            note(
+                f"collection/query{'/count_only' if count_only is True else ''} -> sql "
+                f"{{collection, {'count' if count_only is True else 'find'}}} (a MongoDB JSON query)"
+            )
             if "command" in data:
                 data.pop("command")
                 note("command ignored: the collection/query form is the statement")
@@ -575,8 +602,11 @@ class P08Inputs(PrimitiveInputs):
             data["sql"] = data.pop("command")
             note("command -> sql")
             if _MONGO_SHELL.match(data["sql"]):
-                warn("a MongoDB shell expression (db.<collection>.<method>(...)): this engine runs MongoDB queries "
-                     "given as JSON documents ({collection, find|count|aggregate...}), so the step fails at run time", "command")
+                warn(
+                    "a MongoDB shell expression (db.<collection>.<method>(...)): this engine runs MongoDB queries "
+                    "given as JSON documents ({collection, find|count|aggregate...}), so the step fails at run time",
+                    "command",
+                )
         for alias in ("query", "db_query"):
             if alias in data and "sql" not in data:
                 data["sql"] = data.pop(alias)
@@ -588,19 +618,27 @@ class P08Inputs(PrimitiveInputs):
         if "capture_only" in data:
             flag = data.pop("capture_only")
             if flag is True and data.get("save_id") is None and data.get("store_as") is None:
-                warn("capture_only without save_id/store_field_as/store_as: nothing is captured (ignored)", "capture_only")
+                warn(
+                    "capture_only without save_id/store_field_as/store_as: nothing is captured (ignored)",
+                    "capture_only",
+                )
             elif flag is True:
                 dropped = [k for k in ("expected_result", "expected", "assertions") if data.pop(k, None) is not None]
-                note("'capture_only: true': the step only captures"
-                     + (f" ({', '.join(dropped)} ignored, as in the reference)" if dropped else ""))
+                note(
+                    "'capture_only: true': the step only captures"
+                    + (f" ({', '.join(dropped)} ignored, as in the reference)" if dropped else "")
+                )
             elif flag is not False:
                 warn(f"capture_only {flag!r} is not a boolean (ignored)", "capture_only")
         if "expected_result_condition" in data:  # gmdnohlg: "cnt >= 1", "row_count >= 1"
             condition = data.pop("expected_result_condition")
             m = _CONDITION.match(condition) if isinstance(condition, str) else None
             if m is None or "expected_result" in data:
-                warn(f"expected_result_condition {condition!r} is not '<column> <op> <number>' next to no "
-                     "expected_result (ignored; a DAG defect)", "expected_result_condition")
+                warn(
+                    f"expected_result_condition {condition!r} is not '<column> <op> <number>' next to no "
+                    "expected_result (ignored; a DAG defect)",
+                    "expected_result_condition",
+                )
             else:
                 data["expected_result"] = {m.group(1): f"{m.group(2)}{m.group(3)}"}
                 note(f"expected_result_condition {condition!r} -> expected_result {data['expected_result']}")
@@ -655,12 +693,17 @@ def _row_expectation_aliases(data: dict[str, Any]) -> None:
         warn(f"expect_rowcount_min {minimum!r} is not a number (ignored; a DAG defect)", "expect_rowcount_min")
         minimum = None
     if first is not None and not isinstance(first, dict):
-        warn(f"first_row_assertions {first!r} is not an object of column checks (ignored; a DAG defect)", "first_row_assertions")
+        warn(
+            f"first_row_assertions {first!r} is not an object of column checks (ignored; a DAG defect)",
+            "first_row_assertions",
+        )
         first = None
     current = data.get("expected_result")
     if current is not None and not isinstance(current, dict):
-        warn("first_row_assertions/expect_rowcount_min next to an expected_result that is not a column dict (ignored; a DAG defect)",
-             "expected_result")
+        warn(
+            "first_row_assertions/expect_rowcount_min next to an expected_result that is not a column dict (ignored; a DAG defect)",
+            "expected_result",
+        )
         return
     merged = dict(current or {})
     for key, spec in (first or {}).items():
@@ -672,8 +715,11 @@ def _row_expectation_aliases(data: dict[str, Any]) -> None:
             merged.setdefault("row_count", f">={minimum:g}")
             note(f"expect_rowcount_min {minimum:g} -> expected_result row_count '>={minimum:g}' (the number of rows)")
             if minimum <= 1 and isinstance(data.get("sql"), str) and _COUNT_ONLY.match(data["sql"]):
-                warn(f"expect_rowcount_min {minimum:g} on a SELECT COUNT(...): the statement returns one row whatever "
-                     "the count, so this always holds (a DAG defect; the count itself is not checked)", "expect_rowcount_min")
+                warn(
+                    f"expect_rowcount_min {minimum:g} on a SELECT COUNT(...): the statement returns one row whatever "
+                    "the count, so this always holds (a DAG defect; the count itself is not checked)",
+                    "expect_rowcount_min",
+                )
         else:
             note(f"expect_rowcount_min {minimum:g} -> any number of rows")
     data["expected_result"] = merged
@@ -689,7 +735,9 @@ def _note_dialects(raw: Any) -> None:
                 note(f"suffix-operator key {k!r}")
             if isinstance(v, str) and _MAGIC.match(v):
                 note(f"magic comparator {v}")
-            elif isinstance(v, str) and (_CMP_STRING.match(v) or v.strip().upper() in ("NOT NULL", "IS NOT NULL", "IS NULL")):
+            elif isinstance(v, str) and (
+                _CMP_STRING.match(v) or v.strip().upper() in ("NOT NULL", "IS NOT NULL", "IS NULL")
+            ):
                 note(f"comparison string {v!r}")
             elif isinstance(v, dict) and v and all(str(x).startswith("$") for x in v):
                 note("$-operator object")
@@ -771,16 +819,36 @@ def db_query(inputs: P08Inputs, ctx: RunContext) -> StepResult:
         summary = f"statement ran, {result.rowcount} row(s) affected"
     if failures:
         retried = f" after {attempts} attempts" if attempts > 1 else ""
-        return StepResult(passed=False, message=f"{summary}{retried}: " + "; ".join(failures[:3]), value=ctx.last_document, evidence=evidence)
-    return StepResult(passed=True, message=summary + ("; expectations met" if inputs.expectation.kind not in ("default", "run") or inputs.parsed_assertions else ""),
-                      value=ctx.last_document, evidence=evidence)
+        return StepResult(
+            passed=False,
+            message=f"{summary}{retried}: " + "; ".join(failures[:3]),
+            value=ctx.last_document,
+            evidence=evidence,
+        )
+    return StepResult(
+        passed=True,
+        message=summary
+        + (
+            "; expectations met"
+            if inputs.expectation.kind not in ("default", "run") or inputs.parsed_assertions
+            else ""
+        ),
+        value=ctx.last_document,
+        evidence=evidence,
+    )
 
 
 _ABSENT = object()
 
 
-def db_check(ctx: RunContext, sql: Any, expected_result: Any = _ABSENT, *, assertions: list[dict] | None = None,
-             retry_ms: int | None = None) -> StepResult:
+def db_check(
+    ctx: RunContext,
+    sql: Any,
+    expected_result: Any = _ABSENT,
+    *,
+    assertions: list[dict] | None = None,
+    retry_ms: int | None = None,
+) -> StepResult:
     """P08's check for other primitives (P29's ``final_verify``): same binding and expectation rules.
 
     ``sql`` and ``expected_result`` are raw (placeholders unresolved), as in a P08 step.
@@ -805,7 +873,8 @@ def _captures(inputs: P08Inputs, ctx: RunContext, result: QueryResult) -> str | 
         return None
     if not result.rows:
         return "nothing to capture: the statement returned no rows" + (
-            f" (save_id {inputs.save_id})" if inputs.save_id else f" (store_as {inputs.store_as})")
+            f" (save_id {inputs.save_id})" if inputs.save_id else f" (store_as {inputs.store_as})"
+        )
     first = result.rows[0]
     if inputs.save_id:
         ctx.capture(inputs.save_id, next(iter(first.values())) if first else None)
@@ -834,7 +903,9 @@ def _note_created(sql: Any, ctx: RunContext, result: QueryResult) -> None:
 
 # --- P09 ------------------------------------------------------------------------------------------
 class P09Inputs(PrimitiveInputs):
-    tables: list[str] = Field(default_factory=list, description="Table names; schema-qualified and quoted names allowed (core.\"apiKey\")")
+    tables: list[str] = Field(
+        default_factory=list, description='Table names; schema-qualified and quoted names allowed (core."apiKey")'
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -887,8 +958,13 @@ def db_table_exists(inputs: P09Inputs, ctx: RunContext) -> StepResult:
         evidence["hints"] = hints
     if missing:
         detail = "; ".join(f"{m}: {hints[m]}" for m in missing if m in hints)
-        return StepResult(passed=False, message=f"{len(missing)}/{len(inputs.tables)} table(s) missing: {', '.join(missing)}" + (f" ({detail})" if detail else ""),
-                          value=value, evidence=evidence)
+        return StepResult(
+            passed=False,
+            message=f"{len(missing)}/{len(inputs.tables)} table(s) missing: {', '.join(missing)}"
+            + (f" ({detail})" if detail else ""),
+            value=value,
+            evidence=evidence,
+        )
     return StepResult(passed=True, message=f"all {len(found)} table(s) exist", value=value, evidence=evidence)
 
 
@@ -901,7 +977,9 @@ class ColumnSpec(PrimitiveInputs):
 
 class P10Inputs(PrimitiveInputs):
     table: str = Field(description="Table name (schema-qualified and quoted names allowed)")
-    expected_columns: list[str | ColumnSpec] = Field(default_factory=list, description="Column names (quoted = exact case) or {name, type, nullable}")
+    expected_columns: list[str | ColumnSpec] = Field(
+        default_factory=list, description="Column names (quoted = exact case) or {name, type, nullable}"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -923,8 +1001,14 @@ class P10Inputs(PrimitiveInputs):
             types = data.pop("column_type_check")
             columns = list(data.get("expected_columns") or [])
             for name, wanted in types.items():
-                at = next((i for i, c in enumerate(columns) if c == name or (isinstance(c, dict) and c.get("name") == name)), None)
-                spec = {**(columns[at] if at is not None and isinstance(columns[at], dict) else {"name": name}), "type": wanted}
+                at = next(
+                    (i for i, c in enumerate(columns) if c == name or (isinstance(c, dict) and c.get("name") == name)),
+                    None,
+                )
+                spec = {
+                    **(columns[at] if at is not None and isinstance(columns[at], dict) else {"name": name}),
+                    "type": wanted,
+                }
                 if at is None:
                     columns.append(spec)
                 else:
@@ -981,16 +1065,27 @@ def db_column_check(inputs: P10Inputs, ctx: RunContext) -> StepResult:
             found.append(spec.name)
     total = len(inputs.expected_columns)
     value = {"found": found, "missing": missing, "mismatched": mismatched, "ratio": round(len(found) / total, 4)}
-    evidence = {"engine": db.engine, "table": inputs.table, **value,
-                "actual_columns": [{"name": c.name, "type": c.data_type, "nullable": c.nullable} for c in columns]}
+    evidence = {
+        "engine": db.engine,
+        "table": inputs.table,
+        **value,
+        "actual_columns": [{"name": c.name, "type": c.data_type, "nullable": c.nullable} for c in columns],
+    }
     if missing or mismatched:
         parts = []
         if missing:
             parts.append(f"missing {', '.join(missing)}")
         if mismatched:
             parts.append("; ".join(mismatched))
-        return StepResult(passed=False, message=f"{inputs.table}: {len(found)}/{total} column(s) ok; " + "; ".join(parts), value=value, evidence=evidence)
-    return StepResult(passed=True, message=f"{inputs.table}: all {total} column(s) present", value=value, evidence=evidence)
+        return StepResult(
+            passed=False,
+            message=f"{inputs.table}: {len(found)}/{total} column(s) ok; " + "; ".join(parts),
+            value=value,
+            evidence=evidence,
+        )
+    return StepResult(
+        passed=True, message=f"{inputs.table}: all {total} column(s) present", value=value, evidence=evidence
+    )
 
 
 # --- P11 ------------------------------------------------------------------------------------------
@@ -1003,7 +1098,9 @@ class IndexSpec(PrimitiveInputs):
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "columns" not in data:  # ygamciur (MongoDB): {"fields": ["email"], "unique": true}
+        if (
+            isinstance(data, dict) and "columns" not in data
+        ):  # ygamciur (MongoDB): {"fields": ["email"], "unique": true}
             data = dict(data)
             rename_aliases(data, "columns", ("fields", "keys", "column"))
             if isinstance(data.get("columns"), str):
@@ -1041,8 +1138,12 @@ def _index_dialects(data: dict[str, Any]) -> None:
             elif unique not in (None, False):
                 spec["unique"] = unique  # validated (and rejected) as the index's 'unique'
             data["expected_indexes"] = [spec]
-            note("'expected_columns'" + (" + 'unique_required'" if unique is not None else "")
-                 + " -> one expected index covering every column" + (" (UNIQUE)" if unique is True else ""))
+            note(
+                "'expected_columns'"
+                + (" + 'unique_required'" if unique is not None else "")
+                + " -> one expected index covering every column"
+                + (" (UNIQUE)" if unique is True else "")
+            )
     items = data.get("expected_indexes")
     if isinstance(items, list) and any(isinstance(i, list) for i in items):
         data["expected_indexes"] = [{"columns": i} if isinstance(i, list) else i for i in items]
@@ -1050,8 +1151,12 @@ def _index_dialects(data: dict[str, Any]) -> None:
 
 
 class P11Inputs(PrimitiveInputs):
-    table: str | None = Field(default=None, description="Table whose indexes are checked (default: every visible table)")
-    expected_indexes: list[IndexSpec | str] = Field(default_factory=list, description="[{columns, unique?, name?}] or regexes on index name/definition")
+    table: str | None = Field(
+        default=None, description="Table whose indexes are checked (default: every visible table)"
+    )
+    expected_indexes: list[IndexSpec | str] = Field(
+        default_factory=list, description="[{columns, unique?, name?}] or regexes on index name/definition"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1111,7 +1216,9 @@ def _index_matches(spec: IndexSpec | str, idx: Index) -> bool:
             if any(part.matches_loosely(c) for c in idx.columns):
                 continue
             # expression indexes: the column is named in the definition
-            if not re.search(r'(?<![\w$])"?' + re.escape(part.text) + r'"?(?![\w$])', idx.definition, 0 if part.quoted else re.I):
+            if not re.search(
+                r'(?<![\w$])"?' + re.escape(part.text) + r'"?(?![\w$])', idx.definition, 0 if part.quoted else re.I
+            ):
                 return False
     return True
 
@@ -1148,10 +1255,28 @@ def db_index_check(inputs: P11Inputs, ctx: RunContext) -> StepResult:
     for spec in inputs.expected_indexes:
         hit = next((i for i in indexes if _index_matches(spec, i)), None)
         (found if hit else missing).append({"expected": _describe_spec(spec), "index": hit.name if hit else None})
-    value = {"found": found, "missing": [m["expected"] for m in missing], "ratio": round(len(found) / len(inputs.expected_indexes), 4)}
-    evidence = {"engine": db.engine, "table": inputs.table, **value,
-                "actual_indexes": [{"name": i.name, "columns": i.columns, "definition": i.definition, "unique": i.unique} for i in indexes[:100]]}
+    value = {
+        "found": found,
+        "missing": [m["expected"] for m in missing],
+        "ratio": round(len(found) / len(inputs.expected_indexes), 4),
+    }
+    evidence = {
+        "engine": db.engine,
+        "table": inputs.table,
+        **value,
+        "actual_indexes": [
+            {"name": i.name, "columns": i.columns, "definition": i.definition, "unique": i.unique}
+            for i in indexes[:100]
+        ],
+    }
     where = inputs.table or "the database"
     if missing:
-        return StepResult(passed=False, message=f"{where}: missing index(es) {', '.join(value['missing'])}", value=value, evidence=evidence)
-    return StepResult(passed=True, message=f"{where}: all {len(found)} expected index(es) exist", value=value, evidence=evidence)
+        return StepResult(
+            passed=False,
+            message=f"{where}: missing index(es) {', '.join(value['missing'])}",
+            value=value,
+            evidence=evidence,
+        )
+    return StepResult(
+        passed=True, message=f"{where}: all {len(found)} expected index(es) exist", value=value, evidence=evidence
+    )

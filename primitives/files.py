@@ -102,8 +102,12 @@ def _path_legacy(data: Any) -> Any:
 
 
 class _PathInputs(PrimitiveInputs):
-    path: str | None = Field(default=None, description="Path relative to the workspace (absolute or escaping paths fail the step)")
-    path_any_of: list[str] = Field(default_factory=list, description="Alternative paths; the step passes if any of them (or 'path') satisfies it")
+    path: str | None = Field(
+        default=None, description="Path relative to the workspace (absolute or escaping paths fail the step)"
+    )
+    path_any_of: list[str] = Field(
+        default_factory=list, description="Alternative paths; the step passes if any of them (or 'path') satisfies it"
+    )
 
     @model_validator(mode="after")
     def _need_path(self):
@@ -113,7 +117,9 @@ class _PathInputs(PrimitiveInputs):
 
 
 class P01Inputs(_PathInputs):
-    type: Literal["file", "dir"] = Field(default="file", description="What must exist at the path: a regular file (default) or a directory")
+    type: Literal["file", "dir"] = Field(
+        default="file", description="What must exist at the path: a regular file (default) or a directory"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -135,20 +141,32 @@ class P01Inputs(_PathInputs):
 
 
 class P02Inputs(_PathInputs):
-    pattern: str | None = Field(default=None, min_length=1, description="Text to find (contains/icontains) or a Python regex (regex)")
-    patterns: list[str | list[str]] = Field(default_factory=list, description="More patterns that must all be found in the same "
-                                            "text; an entry that is a list (legacy {any_of: [...]}) is found when any of its "
-                                            "alternatives is (dfhjkeb)")
+    pattern: str | None = Field(
+        default=None, min_length=1, description="Text to find (contains/icontains) or a Python regex (regex)"
+    )
+    patterns: list[str | list[str]] = Field(
+        default_factory=list,
+        description="More patterns that must all be found in the same "
+        "text; an entry that is a list (legacy {any_of: [...]}) is found when any of its "
+        "alternatives is (dfhjkeb)",
+    )
     source: Literal["workspace", "last_response", "command_output"] = Field(
-        default="workspace", description="What is searched: workspace files (path), the raw text of the last HTTP response "
-        "(legacy: no path after a request, cvyocaao), or a field of the last command's output (legacy: output_var, sgdoserd)")
-    output_var: str = Field(default="stdout", description="command_output: the field searched (stdout, stderr or output)")
+        default="workspace",
+        description="What is searched: workspace files (path), the raw text of the last HTTP response "
+        "(legacy: no path after a request, cvyocaao), or a field of the last command's output (legacy: output_var, sgdoserd)",
+    )
+    output_var: str = Field(
+        default="stdout", description="command_output: the field searched (stdout, stderr or output)"
+    )
     match_type: Literal["contains", "regex", "icontains"] = Field(
         default="contains",
         description="contains: case-SENSITIVE substring (one reference family was case-insensitive: use icontains); "
         "regex: Python re.search with MULTILINE; icontains: case-insensitive substring",
     )
-    allowed_exts: list[str] = Field(default_factory=list, description="When walking a directory, only files with these extensions (e.g. ['.ts', '.py'])")
+    allowed_exts: list[str] = Field(
+        default_factory=list,
+        description="When walking a directory, only files with these extensions (e.g. ['.ts', '.py'])",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -166,17 +184,36 @@ class P02Inputs(_PathInputs):
             data["source"] = "command_output"
             note(f"'output_var' -> source command_output (the {data['output_var']!r} of the last command)")
         if "source" not in data and not any(data.get(k) for k in ("path", "path_any_of")):
-            data["source"] = "last_response"  # cvyocaao: P04 then P02 {"pattern": "EntityDescriptor"} (its P02 reads the last response)
-            note("no path -> source last_response (the raw text of the last HTTP response, as in the cvyocaao reference)")
-        for key, mtype in (("regex", "regex"), ("contains", "contains"), ("expected", "contains"), ("text", "contains")):
+            data["source"] = (
+                "last_response"  # cvyocaao: P04 then P02 {"pattern": "EntityDescriptor"} (its P02 reads the last response)
+            )
+            note(
+                "no path -> source last_response (the raw text of the last HTTP response, as in the cvyocaao reference)"
+            )
+        for key, mtype in (
+            ("regex", "regex"),
+            ("contains", "contains"),
+            ("expected", "contains"),
+            ("text", "contains"),
+        ):
             if key in data and "pattern" not in data and isinstance(data[key], str):
                 data["pattern"] = data.pop(key)
                 data.setdefault("match_type", mtype)
                 note(f"'{key}' -> 'pattern' (match_type {data['match_type']})")
-        aliases = {"substring": "contains", "string": "contains", "literal": "contains", "exact": "contains",
-                   "regexp": "regex", "re": "regex", "pattern": "regex",
-                   "contains_ci": "icontains", "case_insensitive": "icontains", "contains_i": "icontains",
-                   "icontain": "icontains", "iregex": "regex"}
+        aliases = {
+            "substring": "contains",
+            "string": "contains",
+            "literal": "contains",
+            "exact": "contains",
+            "regexp": "regex",
+            "re": "regex",
+            "pattern": "regex",
+            "contains_ci": "icontains",
+            "case_insensitive": "icontains",
+            "contains_i": "icontains",
+            "icontain": "icontains",
+            "iregex": "regex",
+        }
         mtype = data.get("match_type")
         if isinstance(mtype, str):
             low = mtype.strip().lower()
@@ -215,7 +252,9 @@ class P02Inputs(_PathInputs):
     @property
     def groups(self) -> list[list[str]]:
         """Every group must be found; a group is found when any of its alternatives is."""
-        return ([[self.pattern]] if self.pattern is not None else []) + [[p] if isinstance(p, str) else list(p) for p in self.patterns]
+        return ([[self.pattern]] if self.pattern is not None else []) + [
+            [p] if isinstance(p, str) else list(p) for p in self.patterns
+        ]
 
     @property
     def label(self) -> str:
@@ -229,8 +268,13 @@ def _pattern_groups(value: Any) -> list[Any]:
     items = value if isinstance(value, list) else [value]
     out: list[Any] = []
     for item in items:
-        if isinstance(item, dict) and set(item) == {"any_of"} and isinstance(item["any_of"], list) and item["any_of"] \
-                and all(isinstance(x, str) and x for x in item["any_of"]):
+        if (
+            isinstance(item, dict)
+            and set(item) == {"any_of"}
+            and isinstance(item["any_of"], list)
+            and item["any_of"]
+            and all(isinstance(x, str) and x for x in item["any_of"])
+        ):
             out.append(list(item["any_of"]))
         elif isinstance(item, str) and item:
             out.append(item)
@@ -242,9 +286,17 @@ def _pattern_groups(value: Any) -> list[Any]:
 
 
 class P03Inputs(PrimitiveInputs):
-    glob: str = Field(default="**/*", description="Glob relative to base_dir: *, ?, [..], recursive **, braces {a,b}; counts regular files only, dotfiles included")
-    base_dir: str | None = Field(default=None, description="Directory (relative to the workspace) the glob starts from; default the workspace root")
-    base_dir_any_of: list[str] = Field(default_factory=list, description="Alternative base directories; passes if any reaches min_expected")
+    glob: str = Field(
+        default="**/*",
+        description="Glob relative to base_dir: *, ?, [..], recursive **, braces {a,b}; counts regular files only, dotfiles included",
+    )
+    base_dir: str | None = Field(
+        default=None,
+        description="Directory (relative to the workspace) the glob starts from; default the workspace root",
+    )
+    base_dir_any_of: list[str] = Field(
+        default_factory=list, description="Alternative base directories; passes if any reaches min_expected"
+    )
     min_expected: int = Field(default=1, ge=0, description="Minimum number of matching files")
 
     @model_validator(mode="before")
@@ -292,13 +344,19 @@ def file_exists(inputs: P01Inputs, ctx: RunContext) -> StepResult:
             found = entry.kind if entry else None
             checked.append({"path": rel, "found": found})
             if found == wanted:
-                return StepResult(passed=True, message=f"{rel} exists ({wanted})", value={"path": rel, "type": wanted},
-                                  evidence={"matched": [rel], "checked": checked})
+                return StepResult(
+                    passed=True,
+                    message=f"{rel} exists ({wanted})",
+                    value={"path": rel, "type": wanted},
+                    evidence={"matched": [rel], "checked": checked},
+                )
             problems.append(f"{rel} exists but is a {found}, expected a {wanted}" if found else f"{rel} not found")
     except PathEscape as exc:
         return StepResult(passed=False, message=str(exc), evidence={"matched": [], "checked": checked})
     except OSError as exc:
-        return StepResult(passed=False, message=f"cannot inspect the workspace: {exc.strerror or exc}", evidence={"checked": checked})
+        return StepResult(
+            passed=False, message=f"cannot inspect the workspace: {exc.strerror or exc}", evidence={"checked": checked}
+        )
     return StepResult(passed=False, message="; ".join(problems), evidence={"matched": [], "checked": checked})
 
 
@@ -317,6 +375,7 @@ def _matcher(inputs: P02Inputs) -> Callable[[str], int | None]:
             if index == 0:
                 first = hit
         return first
+
     return find_all
 
 
@@ -327,6 +386,7 @@ def _finder(pattern: str, match_type: str) -> Callable[[str], int | None]:
         def find_rx(text: str) -> int | None:
             m = rx.search(text)
             return m.start() if m else None
+
         return find_rx
     if match_type == "icontains":
         needle_ci = pattern.casefold()
@@ -334,12 +394,14 @@ def _finder(pattern: str, match_type: str) -> Callable[[str], int | None]:
         def find_ci(text: str) -> int | None:
             pos = text.casefold().find(needle_ci)  # offsets may drift for the few letters casefold expands
             return pos if pos >= 0 else None
+
         return find_ci
     needle = pattern
 
     def find(text: str) -> int | None:
         pos = text.find(needle)
         return pos if pos >= 0 else None
+
     return find
 
 
@@ -351,7 +413,7 @@ def _line_of(text: str, pos: int) -> tuple[int, str]:
     pos = min(max(pos, 0), len(text))
     start = text.rfind("\n", 0, pos) + 1
     end = text.find("\n", pos)
-    line = text[start:end if end >= 0 else len(text)].strip()
+    line = text[start : end if end >= 0 else len(text)].strip()
     return text.count("\n", 0, pos) + 1, (line[:200] + "...") if len(line) > 200 else line
 
 
@@ -424,9 +486,12 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
             problems.append(f"{rel}: cannot read: {exc.strerror or exc}")
 
     evidence: dict[str, Any] = {
-        "pattern": inputs.pattern if not inputs.patterns else inputs.groups, "match_type": inputs.match_type,
+        "pattern": inputs.pattern if not inputs.patterns else inputs.groups,
+        "match_type": inputs.match_type,
         "matched": [m["file"] for m in matches],
-        "matches": matches, "files_scanned": scanned, "files_walked": walk.walked,
+        "matches": matches,
+        "files_scanned": scanned,
+        "files_walked": walk.walked,
     }
     if too_large or binary:
         evidence["skipped"] = {"larger_than_limit": too_large, "binary": binary}
@@ -435,8 +500,12 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
         evidence["limits"] = limits
     if matches:
         first = matches[0]
-        return StepResult(passed=True, message=f"{inputs.match_type} {inputs.label} found in {first['file']}:{first['line']}",
-                          value={"file": first["file"], "line": first["line"]}, evidence=evidence)
+        return StepResult(
+            passed=True,
+            message=f"{inputs.match_type} {inputs.label} found in {first['file']}:{first['line']}",
+            value={"file": first["file"], "line": first["line"]},
+            evidence=evidence,
+        )
     detail = "; ".join(p for p in problems + ([limits] if limits else []) if p)
     message = f"{inputs.match_type} {inputs.label} not found in {scanned} file(s)" + (f" ({detail})" if detail else "")
     return StepResult(passed=False, message=message, evidence=evidence)
@@ -447,27 +516,47 @@ def _match_text(inputs: P02Inputs, ctx: RunContext, find: Callable[[str], int | 
     if inputs.source == "last_response":
         response = ctx.last_response
         if response is None:
-            return StepResult(passed=False, message="no HTTP response to search: P02 without a path reads the last "
-                              "response, and no earlier step in this run got one")
+            return StepResult(
+                passed=False,
+                message="no HTTP response to search: P02 without a path reads the last "
+                "response, and no earlier step in this run got one",
+            )
         text, where = response.text or "", f"the last response ({response.method} {response.url} -> {response.status})"
     else:
         output = ctx.last_document
         if not isinstance(output, dict) or "exit_code" not in output:
-            return StepResult(passed=False, message=f"no command output to search: output_var {inputs.output_var!r} reads "
-                              "the last command's output (P12), and the last step did not run a command")
+            return StepResult(
+                passed=False,
+                message=f"no command output to search: output_var {inputs.output_var!r} reads "
+                "the last command's output (P12), and the last step did not run a command",
+            )
         if inputs.output_var not in output or not isinstance(output[inputs.output_var], str):
-            return StepResult(passed=False, message=f"the last command's output has no text field {inputs.output_var!r} "
-                              f"(fields: {', '.join(k for k, v in output.items() if isinstance(v, str))})")
+            return StepResult(
+                passed=False,
+                message=f"the last command's output has no text field {inputs.output_var!r} "
+                f"(fields: {', '.join(k for k, v in output.items() if isinstance(v, str))})",
+            )
         text, where = output[inputs.output_var], f"the last command's {inputs.output_var}"
     hit = find(text)
-    evidence: dict[str, Any] = {"pattern": inputs.pattern if not inputs.patterns else inputs.groups,
-                                "match_type": inputs.match_type, "source": inputs.source, "chars": len(text)}
+    evidence: dict[str, Any] = {
+        "pattern": inputs.pattern if not inputs.patterns else inputs.groups,
+        "match_type": inputs.match_type,
+        "source": inputs.source,
+        "chars": len(text),
+    }
     if hit is None:
-        return StepResult(passed=False, message=f"{inputs.match_type} {inputs.label} not found in {where} ({len(text)} chars)",
-                          evidence={**evidence, "excerpt": text[:300]})
+        return StepResult(
+            passed=False,
+            message=f"{inputs.match_type} {inputs.label} not found in {where} ({len(text)} chars)",
+            evidence={**evidence, "excerpt": text[:300]},
+        )
     line, snippet = _line_of(text, hit)
-    return StepResult(passed=True, message=f"{inputs.match_type} {inputs.label} found in {where}, line {line}",
-                      value={"line": line}, evidence={**evidence, "line": line, "text": snippet})
+    return StepResult(
+        passed=True,
+        message=f"{inputs.match_type} {inputs.label} found in {where}, line {line}",
+        value={"line": line},
+        evidence={**evidence, "line": line, "text": snippet},
+    )
 
 
 # --- P03 -------------------------------------------------------------------------------------------
@@ -482,7 +571,7 @@ def expand_braces(pattern: str, limit: int = MAX_BRACE_EXPANSIONS) -> list[str]:
         elif ch == "}" and depth > 0:
             depth -= 1
             if depth == 0:
-                body = pattern[start + 1:i]
+                body = pattern[start + 1 : i]
                 options, level, cur = [], 0, ""
                 for c in body:
                     if c == "," and level == 0:
@@ -497,7 +586,7 @@ def expand_braces(pattern: str, limit: int = MAX_BRACE_EXPANSIONS) -> list[str]:
                     continue  # a literal "{x}"
                 out: list[str] = []
                 for opt in options:
-                    for tail in expand_braces(pattern[:start] + opt + pattern[i + 1:], limit):
+                    for tail in expand_braces(pattern[:start] + opt + pattern[i + 1 :], limit):
                         if tail not in out:
                             out.append(tail)
                         if len(out) >= limit:
@@ -514,7 +603,7 @@ def _literal_prefix(pattern: str) -> tuple[str, str]:
         if any(c in seg for c in "*?["):
             break
         prefix.append(seg)
-    rest = segments[len(prefix):]
+    rest = segments[len(prefix) :]
     return "/".join(prefix) or ".", "/".join(rest)
 
 
@@ -560,7 +649,7 @@ def file_count(inputs: P03Inputs, ctx: RunContext) -> StepResult:
                     if st is None or st.kind != "dir":
                         continue
                 for f in walk.files_under(ws, start, enter=named):
-                    rel_to_root = f.rel[len(start) + 1:] if start != "." else f.rel
+                    rel_to_root = f.rel[len(start) + 1 :] if start != "." else f.rel
                     if any(rx.fullmatch(rel_to_root) for rx in regexes):
                         matched.add(f.rel)
         except PathEscape as exc:
@@ -578,8 +667,14 @@ def file_count(inputs: P03Inputs, ctx: RunContext) -> StepResult:
             break
     limits = walk.note_limits()
     count = best["count"] if best else 0
-    evidence: dict[str, Any] = {"glob": inputs.glob, "patterns": patterns, "min_expected": inputs.min_expected,
-                                "matched": best["matched"] if best else [], "bases": per_base, "files_walked": walk.walked}
+    evidence: dict[str, Any] = {
+        "glob": inputs.glob,
+        "patterns": patterns,
+        "min_expected": inputs.min_expected,
+        "matched": best["matched"] if best else [],
+        "bases": per_base,
+        "files_walked": walk.walked,
+    }
     if limits:
         evidence["limits"] = limits
     where = f" under {best['base_dir']}" if best and best["base_dir"] != "." else ""

@@ -90,6 +90,7 @@ def _drop_pseudo_statuses(data: dict[str, Any], keys: tuple[str, ...]) -> dict[s
     """Integers outside 100-599 next to real status codes (gmdnohlg ``[401, 403, 404, 997]``, a
     harness sentinel) can never match a response: dropped with a warning. If nothing real is
     left, the list is kept so the step is refused (dropping all would silently mean 2xx)."""
+
     def fake(item: Any) -> bool:
         n = int(item.strip()) if isinstance(item, str) and item.strip().isdigit() else item
         return isinstance(n, int) and not isinstance(n, bool) and not 100 <= n <= 599
@@ -106,7 +107,10 @@ def _drop_pseudo_statuses(data: dict[str, Any], keys: tuple[str, ...]) -> dict[s
         bad = [x for x in items(data[key]) if fake(x)]
         if bad:
             data[key] = [x for x in items(data[key]) if not fake(x)]
-            warn(f"{', '.join(map(str, bad))} is not an HTTP status code and can never match (dropped; a DAG defect)", key)
+            warn(
+                f"{', '.join(map(str, bad))} is not an HTTP status code and can never match (dropped; a DAG defect)",
+                key,
+            )
     return data
 
 
@@ -153,12 +157,27 @@ def send(
     declared Content-Type says form or multipart; a str is sent verbatim (its Content-Type is
     whatever ``headers`` declare).
     """
-    return _dispatch(ctx, method, path, lambda: _body_kwargs(body, headers or {}), headers=headers,
-                     identity=identity, timeout_s=timeout_s)
+    return _dispatch(
+        ctx,
+        method,
+        path,
+        lambda: _body_kwargs(body, headers or {}),
+        headers=headers,
+        identity=identity,
+        timeout_s=timeout_s,
+    )
 
 
-def _dispatch(ctx: RunContext, method: str, path: str, kwargs_fn: Any, *, headers: dict[str, str] | None,
-              identity: Identity | None, timeout_s: float | None) -> Sent:
+def _dispatch(
+    ctx: RunContext,
+    method: str,
+    path: str,
+    kwargs_fn: Any,
+    *,
+    headers: dict[str, str] | None,
+    identity: Identity | None,
+    timeout_s: float | None,
+) -> Sent:
     """Send with request kwargs from ``kwargs_fn()``; the one mapping of transport errors to ``Sent``."""
     url = ctx.http.url(path)
     out = Sent(method=method, url=url, identity=identity.role if identity is not None else "none")
@@ -291,17 +310,25 @@ def _capture_aliases(data: dict[str, Any]) -> None:
         data["capture_fields"] = {**fields, **(data.get("capture_fields") or {})}
         note("save_response_field_as -> capture_fields {var: field}")
     else:
-        warn(f"save_response_field_as {fields!r} is neither {{field, var}} nor {{var: field}} (ignored; a DAG defect)",
-             "save_response_field_as")
+        warn(
+            f"save_response_field_as {fields!r} is neither {{field, var}} nor {{var: field}} (ignored; a DAG defect)",
+            "save_response_field_as",
+        )
 
 
-def _capture_fields(ctx: RunContext, body: Any, save_id_as: str | None, fields: Mapping[str, str],
-                    created: Any = None) -> list[str]:
+def _capture_fields(
+    ctx: RunContext, body: Any, save_id_as: str | None, fields: Mapping[str, str], created: Any = None
+) -> list[str]:
     """Capture the response id / fields named by save_id_as and capture_fields; the failures."""
     failures: list[str] = []
     if save_id_as:
         found = created if created is not None else extract_id(body)
-        if found is None and isinstance(body, dict) and isinstance(body.get("pk"), (str, int)) and not isinstance(body["pk"], bool):
+        if (
+            found is None
+            and isinstance(body, dict)
+            and isinstance(body.get("pk"), (str, int))
+            and not isinstance(body["pk"], bool)
+        ):
             found = body["pk"]  # Django REST framework's primary key
         if found is None:
             failures.append(f"save_id_as {save_id_as}: the response has no id")
@@ -352,10 +379,16 @@ class P04Inputs(HttpFields):
     skip_auth: bool = Field(default=False, description="Send no auth headers and no cookies")
     save_as: str | None = Field(default=None, description="Capture the response record under this name")
     capture_response_as: str | None = Field(default=None, description="Same as save_as (family-A name)")
-    save_id_as: str | None = Field(default=None, description="Capture the id of the entity in the response body (id, uuid, "
-                                   "pk, or under data/result/item) as {{name}} (legacy: save_response_id_as); none fails the step")
-    capture_fields: dict[str, str] = Field(default_factory=dict, description="{{var}} -> field of the response body (dotted or "
-                                           "'$.path'; legacy: save_response_field_as); a field that is absent fails the step")
+    save_id_as: str | None = Field(
+        default=None,
+        description="Capture the id of the entity in the response body (id, uuid, "
+        "pk, or under data/result/item) as {{name}} (legacy: save_response_id_as); none fails the step",
+    )
+    capture_fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="{{var}} -> field of the response body (dotted or "
+        "'$.path'; legacy: save_response_field_as); a field that is absent fails the step",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -364,7 +397,9 @@ class P04Inputs(HttpFields):
             data = dict(data)
             _capture_aliases(data)
             rename_aliases(data, "path", ("url",))  # ychlukjm: {"url": "http://localhost:9201/..."}
-            rename_aliases(data, "body", ("raw_body",))  # orghjavi: "raw_body": "{not_valid_json" (a string is sent verbatim)
+            rename_aliases(
+                data, "body", ("raw_body",)
+            )  # orghjavi: "raw_body": "{not_valid_json" (a string is sent verbatim)
             for key in ("query", "params", "query_params"):  # egsszeqg "query", orghjavi "params": the query string
                 if isinstance(data.get(key), dict) and isinstance(data.get("path"), str):
                     query = urlencode({k: _query_value(v) for k, v in data.pop(key).items()}, doseq=True)
@@ -378,17 +413,25 @@ class P04Inputs(HttpFields):
         return data
 
 
-
 @primitive("P04", P04Inputs)
 def http_request(inputs: P04Inputs, ctx: RunContext) -> StepResult:
     """Send one request; passes when any response arrives (statuses are P15's business)."""
     plain = inputs.skip_auth or inputs.headers is not None
-    sent = send(ctx, inputs.method, inputs.path, body=inputs.body, headers=inputs.headers,
-                identity=None if plain else ctx.auth.active, timeout_s=inputs.timeout)
+    sent = send(
+        ctx,
+        inputs.method,
+        inputs.path,
+        body=inputs.body,
+        headers=inputs.headers,
+        identity=None if plain else ctx.auth.active,
+        timeout_s=inputs.timeout,
+    )
     evidence = response_evidence(sent)
     if sent.response is None:
         forget_response(ctx)
-        return StepResult(passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence)
+        return StepResult(
+            passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence
+        )
     ctx.set_response(sent.response)
     record = sent.response.record()
     for name in (inputs.save_as, inputs.capture_response_as):
@@ -407,16 +450,25 @@ class P05Inputs(PrimitiveInputs):
     resource: str = Field(description="Collection path: POST here creates, <resource>/<id> reads/updates/deletes")
     create_body: Any = Field(default_factory=dict, description="JSON body of the create request")
     update_body: Any = Field(default=None, description="JSON body of the update; no update when absent")
-    identifier_field: str = Field(default="id", description="Dotted path of the id in the created object (legacy: id_field)")
-    response_root: str | None = Field(default=None, description="Dotted path where the object lives in create/read bodies, e.g. 'data'")
+    identifier_field: str = Field(
+        default="id", description="Dotted path of the id in the created object (legacy: id_field)"
+    )
+    response_root: str | None = Field(
+        default=None, description="Dotted path where the object lives in create/read bodies, e.g. 'data'"
+    )
     update_method: Literal["PUT", "PATCH", "POST"] = Field(default="PUT", description="Method of the update request")
     update_to_base: bool = Field(default=False, description="Update at <resource> instead of <resource>/<id>")
     expected_create_status: Statuses = Field(default_factory=list, description="Default: 200 or 201")
-    expected_read_fields: list[str] = Field(default_factory=list, description="Every one must be present in the read object")
+    expected_read_fields: list[str] = Field(
+        default_factory=list, description="Every one must be present in the read object"
+    )
     expected_update_status: Statuses = Field(default_factory=list, description="Default: 200 or 204")
     expected_delete_status: Statuses = Field(default_factory=list, description="Default: 200, 202 or 204")
-    keep_alive: bool = Field(default=False, description="Keep the entity for later nodes: after the delete, re-create it from "
-                             "create_body (new created_id), so later nodes find its create-time values")
+    keep_alive: bool = Field(
+        default=False,
+        description="Keep the entity for later nodes: after the delete, re-create it from "
+        "create_body (new created_id), so later nodes find its create-time values",
+    )
     skip_delete: bool = Field(default=False, description="No delete")
     token: str | None = Field(default=None, description="Explicit bearer token instead of the active identity")
 
@@ -465,7 +517,9 @@ def api_crud(inputs: P05Inputs, ctx: RunContext) -> StepResult:
     steps: list[dict[str, Any]] = []
     requests: list[dict[str, Any]] = []
 
-    def call(name: str, method: str, path: str, body: Any, ok: "set[int] | frozenset[int]") -> tuple[dict[str, Any], Sent]:
+    def call(
+        name: str, method: str, path: str, body: Any, ok: "set[int] | frozenset[int]"
+    ) -> tuple[dict[str, Any], Sent]:
         sent = send(ctx, method, path, body=body, headers=headers, identity=identity)
         requests.append(response_evidence(sent))
         expected: Any = "2xx" if ok == SUCCESS else sorted(ok)
@@ -479,7 +533,9 @@ def api_crud(inputs: P05Inputs, ctx: RunContext) -> StepResult:
             step["passed"] = sent.response.status in ok
         return step, sent
 
-    create, sent = call("create", "POST", inputs.resource, inputs.create_body, set(inputs.expected_create_status or (200, 201)))
+    create, sent = call(
+        "create", "POST", inputs.resource, inputs.create_body, set(inputs.expected_create_status or (200, 201))
+    )
     created_id: Any = None
     if sent.response is not None:
         if not create["passed"] and reference and already_exists(sent.response):
@@ -499,17 +555,38 @@ def api_crud(inputs: P05Inputs, ctx: RunContext) -> StepResult:
             if missing:
                 read.update(passed=False, message="missing fields: " + ", ".join(missing))
         if inputs.update_body is not None:
-            call("update", inputs.update_method, inputs.resource if inputs.update_to_base else item,
-                 inputs.update_body, set(inputs.expected_update_status or (200, 204)))
+            call(
+                "update",
+                inputs.update_method,
+                inputs.resource if inputs.update_to_base else item,
+                inputs.update_body,
+                set(inputs.expected_update_status or (200, 204)),
+            )
         if not inputs.skip_delete:
-            delete, sent_delete = call("delete", "DELETE", item, None, set(inputs.expected_delete_status or (200, 202, 204)))
-            if not delete["passed"] and reference and sent_delete.response is not None and sent_delete.response.status == 404:
+            delete, sent_delete = call(
+                "delete", "DELETE", item, None, set(inputs.expected_delete_status or (200, 202, 204))
+            )
+            if (
+                not delete["passed"]
+                and reference
+                and sent_delete.response is not None
+                and sent_delete.response.status == 404
+            ):
                 delete.update(passed=True, compat="reference: DELETE answered 404 counts as deleted")
             if inputs.keep_alive:
                 # later nodes need the entity with its create-time values: re-create it (family C)
-                recreate, sent = call("recreate", "POST", inputs.resource, inputs.create_body,
-                                      set(inputs.expected_create_status or (200, 201)))
-                new_id = _created_id(sent.response.body, inputs) if recreate["passed"] and sent.response is not None else None
+                recreate, sent = call(
+                    "recreate",
+                    "POST",
+                    inputs.resource,
+                    inputs.create_body,
+                    set(inputs.expected_create_status or (200, 201)),
+                )
+                new_id = (
+                    _created_id(sent.response.body, inputs)
+                    if recreate["passed"] and sent.response is not None
+                    else None
+                )
                 if recreate["passed"] and new_id is None:
                     recreate.update(passed=False, message=f"no {inputs.identifier_field!r} in the re-create response")
                 if new_id is not None:
@@ -524,9 +601,13 @@ def api_crud(inputs: P05Inputs, ctx: RunContext) -> StepResult:
     body = sent.response.body if sent.response is not None and sent.response.method == "POST" else None
     ctx.last_document = {**result, **body} if isinstance(body, dict) else (body if body is not None else result)
     summary = ", ".join(_step_text(s) for s in steps)
-    return StepResult(passed=passed_count == len(steps), value=result, unreachable=sent.unreachable,
-                      message=f"{passed_count}/{len(steps)} CRUD sub-steps as expected: {summary}",
-                      evidence={"requests": requests, "steps": steps})
+    return StepResult(
+        passed=passed_count == len(steps),
+        value=result,
+        unreachable=sent.unreachable,
+        message=f"{passed_count}/{len(steps)} CRUD sub-steps as expected: {summary}",
+        evidence={"requests": requests, "steps": steps},
+    )
 
 
 def _created_id(body: Any, inputs: P05Inputs) -> Any:
@@ -570,14 +651,23 @@ NOT_DENIED_REFUSALS = frozenset({401, 403})  # expected_result not_denied: any o
 class P14Inputs(PrimitiveInputs):
     method: str = Field(default="GET", description="HTTP method of the action")
     path: str = Field(description="Path of the action (or give action: 'METHOD /path')")
-    role: str | None = Field(default=None, description="Log in as this role for the check; the previous identity is restored after")
-    token: str | None = Field(default=None, description="Explicit bearer token (e.g. an invalid one) instead of an identity")
+    role: str | None = Field(
+        default=None, description="Log in as this role for the check; the previous identity is restored after"
+    )
+    token: str | None = Field(
+        default=None, description="Explicit bearer token (e.g. an invalid one) instead of an identity"
+    )
     body: Any = Field(default=None, description="Request body (JSON)")
     expected_result: Literal["allowed", "denied", "not_denied"] | None = Field(
-        default=None, description="Default: denied if every given status is >= 400, else allowed; not_denied (sgdoserd): "
-        "any status but 401/403 passes")
-    expected_status: Statuses = Field(default_factory=list, description="Status code(s) that pass; with expected_result: denied they "
-                                      "are added to the deny set, otherwise they replace the class defaults")
+        default=None,
+        description="Default: denied if every given status is >= 400, else allowed; not_denied (sgdoserd): "
+        "any status but 401/403 passes",
+    )
+    expected_status: Statuses = Field(
+        default_factory=list,
+        description="Status code(s) that pass; with expected_result: denied they "
+        "are added to the deny set, otherwise they replace the class defaults",
+    )
     acceptable_statuses: Statuses = Field(default_factory=list, description="More status codes that pass")
 
     @field_validator("method", mode="before")
@@ -602,28 +692,44 @@ class P14Inputs(PrimitiveInputs):
             else:
                 data.setdefault("path", action.strip())
                 if not action.strip().startswith(("/", "http://", "https://", "{{", "${")):
-                    warn(f"action {action.strip()!r} is not 'METHOD /path' (a capability name, not an HTTP route): it is "
-                         f"requested as {data.get('method', 'GET')} /{action.strip()}", "action")
+                    warn(
+                        f"action {action.strip()!r} is not 'METHOD /path' (a capability name, not an HTTP route): it is "
+                        f"requested as {data.get('method', 'GET')} /{action.strip()}",
+                        "action",
+                    )
             note("action 'METHOD /path' -> method + path")
-        rename_aliases(data, "expected_status", ("expected_statuses",))  # hhrdixum: "expected_statuses": [400, 401, 403]
+        rename_aliases(
+            data, "expected_status", ("expected_statuses",)
+        )  # hhrdixum: "expected_statuses": [400, 401, 403]
         result = data.get("expected_result")
         if isinstance(result, str):
             lowered = result.strip().lower()
-            data["expected_result"] = {"allow": "allowed", "permitted": "allowed", "deny": "denied",
-                                       "forbidden": "denied", "rejected": "denied"}.get(lowered, lowered)
+            data["expected_result"] = {
+                "allow": "allowed",
+                "permitted": "allowed",
+                "deny": "denied",
+                "forbidden": "denied",
+                "rejected": "denied",
+            }.get(lowered, lowered)
             if lowered in ("denied_or_allowed", "allowed_or_denied", "either", "any"):
                 # orghjavi dag_source: a "relaxed" check whose listed statuses decide, whichever class they are
                 data.pop("expected_result")
                 if _as_statuses(data.get("expected_status")) or _as_statuses(data.get("acceptable_statuses")):
                     note(f"expected_result {result!r} -> no allow/deny class: the listed statuses decide")
                 else:
-                    warn(f"expected_result {result!r} with no statuses: nothing decides between allowed and denied, "
-                         "so the default (allowed = 2xx/3xx) applies (a DAG defect)", "expected_result")
+                    warn(
+                        f"expected_result {result!r} with no statuses: nothing decides between allowed and denied, "
+                        "so the default (allowed = 2xx/3xx) applies (a DAG defect)",
+                        "expected_result",
+                    )
             elif lowered in ("not_denied", "not denied", "notdenied"):
                 data["expected_result"] = "not_denied"  # sgdoserd: passed = actual not in (401, 403)
                 if _as_statuses(data.get("expected_status")) or _as_statuses(data.get("acceptable_statuses")):
-                    warn("expected_result 'not_denied' ignores expected_status/acceptable_statuses (any status but "
-                         "401/403 passes, as in the sgdoserd reference; a DAG defect)", "expected_result")
+                    warn(
+                        "expected_result 'not_denied' ignores expected_status/acceptable_statuses (any status but "
+                        "401/403 passes, as in the sgdoserd reference; a DAG defect)",
+                        "expected_result",
+                    )
         return data
 
     @property
@@ -653,14 +759,20 @@ def permission_check(inputs: P14Inputs, ctx: RunContext) -> StepResult:
             except LoginFailed as exc:
                 return StepResult(passed=False, message=f"cannot act as role {inputs.role!r}: {exc}")
             except httpx.HTTPError as exc:
-                return StepResult(passed=False, unreachable=True, message=f"login as {inputs.role!r} failed: {type(exc).__name__}: {exc}")
+                return StepResult(
+                    passed=False,
+                    unreachable=True,
+                    message=f"login as {inputs.role!r} failed: {type(exc).__name__}: {exc}",
+                )
         sent = send(ctx, inputs.method, inputs.path, body=inputs.body, headers=headers, identity=identity)
     finally:
         ctx.auth.active = previous
     evidence = response_evidence(sent)
     if sent.response is None:
         forget_response(ctx)
-        return StepResult(passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence)
+        return StepResult(
+            passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence
+        )
     ctx.set_response(sent.response)
     status = sent.response.status
     wanted = inputs.outcome
@@ -676,16 +788,26 @@ def permission_check(inputs: P14Inputs, ctx: RunContext) -> StepResult:
         ok, rule = status in DENIED_DEFAULT, f"denied ({sorted(DENIED_DEFAULT)})"
     else:
         ok, rule = 200 <= status < 400, "allowed (2xx/3xx)"
-    who = f"role {inputs.role!r}" if inputs.role else ("the given token" if inputs.token else f"identity {previous.role!r}")
+    who = (
+        f"role {inputs.role!r}"
+        if inputs.role
+        else ("the given token" if inputs.token else f"identity {previous.role!r}")
+    )
     verdict = "as expected" if ok else "NOT as expected"
-    return StepResult(passed=ok, value=sent.response.record(), evidence={**evidence, "expected": wanted},
-                      message=f"{inputs.method} {inputs.path} as {who} -> {status}; expected {wanted}: {rule}; {verdict}")
+    return StepResult(
+        passed=ok,
+        value=sent.response.record(),
+        evidence={**evidence, "expected": wanted},
+        message=f"{inputs.method} {inputs.path} as {who} -> {status}; expected {wanted}: {rule}; {verdict}",
+    )
 
 
 # --- P15 -----------------------------------------------------------------------------------------
 class P15Inputs(PrimitiveInputs):
     expected_status: Statuses = Field(default_factory=list, description="Status code(s) that pass (int or list)")
-    acceptable_statuses: Statuses = Field(default_factory=list, description="More codes that pass (legacy: acceptable, expected)")
+    acceptable_statuses: Statuses = Field(
+        default_factory=list, description="More codes that pass (legacy: acceptable, expected)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -722,11 +844,17 @@ def status_code_assert(inputs: P15Inputs, ctx: RunContext) -> StepResult:
     evidence = {"status": status, "expected": sorted(wanted) or "2xx", "method": response.method, "url": response.url}
     if not ok and ctx.options.compat == "reference" and expects_2xx:
         if already_exists(response):
-            return StepResult(passed=True, evidence={**evidence, "compat": "already-exists"},
-                              message=f"status {status} (expected {rule}) accepted by compat reference: body says the entity already exists")
+            return StepResult(
+                passed=True,
+                evidence={**evidence, "compat": "already-exists"},
+                message=f"status {status} (expected {rule}) accepted by compat reference: body says the entity already exists",
+            )
         if response.method == "DELETE" and status == 404:
-            return StepResult(passed=True, evidence={**evidence, "compat": "delete-404"},
-                              message=f"DELETE answered 404 (expected {rule}) accepted by compat reference")
+            return StepResult(
+                passed=True,
+                evidence={**evidence, "compat": "delete-404"},
+                message=f"DELETE answered 404 (expected {rule}) accepted by compat reference",
+            )
     message = f"{response.method} {response.url} -> {status}; expected {rule}"
     if not ok:
         message += f"; body: {excerpt(response.text, 300)}"
@@ -735,7 +863,9 @@ def status_code_assert(inputs: P15Inputs, ctx: RunContext) -> StepResult:
 
 # --- P16 -----------------------------------------------------------------------------------------
 class P16Inputs(PrimitiveInputs):
-    max_ms: float = Field(default=5000.0, gt=0, description="Budget in milliseconds (legacy: threshold_ms, max_response_time_ms)")
+    max_ms: float = Field(
+        default=5000.0, gt=0, description="Budget in milliseconds (legacy: threshold_ms, max_response_time_ms)"
+    )
     method: str = Field(default="GET", description="Method of the fresh request, when path is given")
     path: str | None = Field(default=None, description="Send a fresh request (as the active identity) and time it")
 
@@ -762,21 +892,32 @@ def response_time_check(inputs: P16Inputs, ctx: RunContext) -> StepResult:
     """The last (or a fresh) response arrived within ``max_ms`` (time to the full body)."""
     evidence: dict[str, Any] = {"max_ms": inputs.max_ms}
     if inputs.path is not None:
-        sent = send(ctx, inputs.method, inputs.path, identity=ctx.auth.active,
-                    timeout_s=max(inputs.max_ms / 1000 * 2, 1.0))
+        sent = send(
+            ctx, inputs.method, inputs.path, identity=ctx.auth.active, timeout_s=max(inputs.max_ms / 1000 * 2, 1.0)
+        )
         evidence.update(response_evidence(sent))
         if sent.response is None:
             forget_response(ctx)
-            return StepResult(passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence)
+            return StepResult(
+                passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence
+            )
         ctx.set_response(sent.response)
     response = ctx.last_response
     if response is None:
-        return StepResult(passed=False, message="no HTTP response to time (no earlier request in this run answered)", evidence=evidence)
+        return StepResult(
+            passed=False,
+            message="no HTTP response to time (no earlier request in this run answered)",
+            evidence=evidence,
+        )
     elapsed = response.elapsed_ms
     evidence.update(elapsed_ms=round(elapsed, 1), url=response.url)
     ok = elapsed <= inputs.max_ms
-    return StepResult(passed=ok, evidence=evidence, value=elapsed,
-                      message=f"{response.method} {response.url} took {elapsed:.0f} ms; budget {inputs.max_ms:g} ms")
+    return StepResult(
+        passed=ok,
+        evidence=evidence,
+        value=elapsed,
+        message=f"{response.method} {response.url} took {elapsed:.0f} ms; budget {inputs.max_ms:g} ms",
+    )
 
 
 # =================================================================================================
@@ -796,7 +937,9 @@ DEFAULT_MAX_DOWNLOAD_BYTES = 10 * 1024 * 1024
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 
 
-def _identity_for(ctx: RunContext, token: Any, token_given: bool, skip_auth: bool = False) -> tuple[Identity | None, dict[str, str], str]:
+def _identity_for(
+    ctx: RunContext, token: Any, token_given: bool, skip_auth: bool = False
+) -> tuple[Identity | None, dict[str, str], str]:
     """(identity, extra headers, label): no ``token`` -> the active identity; ``""``/null -> anonymous;
     any other token -> ``Authorization: Bearer <token>`` and no identity (no cookies either)."""
     if skip_auth:
@@ -837,8 +980,12 @@ class GraphQLFind(PrimitiveInputs):
     """``{from: "$.list", find: {dotted: value}, extract: "dotted"}``: pick a list element and capture part of it."""
 
     from_: str = Field(alias="from", description="Path (from the response body) of the list to search")
-    find: dict[str, Any] = Field(default_factory=dict, description="Dotted field -> value every one must equal; {} = first element")
-    extract: str | None = Field(default=None, description="Dotted path inside the found element; absent = the whole element")
+    find: dict[str, Any] = Field(
+        default_factory=dict, description="Dotted field -> value every one must equal; {} = first element"
+    )
+    extract: str | None = Field(
+        default=None, description="Dotted path inside the found element; absent = the whole element"
+    )
 
 
 def _check_path(value: str) -> str:
@@ -851,15 +998,34 @@ def _check_path(value: str) -> str:
 
 
 class P22Inputs(PrimitiveInputs):
-    endpoint: str = Field(default="/graphql", description="GraphQL endpoint path (legacy: path, url), e.g. /graphql or /metadata")
-    query: str = Field(min_length=1, description="GraphQL document. Placeholders inside string literals are spliced "
-                       "escaped; outside literals only names/numbers/booleans/null are allowed (prefer variables)")
-    variables: dict[str, Any] | None = Field(default=None, description="GraphQL variables (JSON; placeholders keep their raw type)")
-    operation_name: str | None = Field(default=None, description="operationName, for documents with several operations (legacy: operationName)")
-    expect_no_errors: bool = Field(default=False, description="Fail on a non-empty 'errors' array, a non-2xx status or a body that is not a GraphQL response")
-    expect_data_path: str | None = Field(default=None, description="Path that must be present and non-null: '$.…' from the body, else relative to 'data'")
-    store_as: dict[str, str | GraphQLFind] = Field(default_factory=dict, description="ctx key -> '$.path', or -> {from, find, extract}; a capture that finds nothing fails the step")
-    token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
+    endpoint: str = Field(
+        default="/graphql", description="GraphQL endpoint path (legacy: path, url), e.g. /graphql or /metadata"
+    )
+    query: str = Field(
+        min_length=1,
+        description="GraphQL document. Placeholders inside string literals are spliced "
+        "escaped; outside literals only names/numbers/booleans/null are allowed (prefer variables)",
+    )
+    variables: dict[str, Any] | None = Field(
+        default=None, description="GraphQL variables (JSON; placeholders keep their raw type)"
+    )
+    operation_name: str | None = Field(
+        default=None, description="operationName, for documents with several operations (legacy: operationName)"
+    )
+    expect_no_errors: bool = Field(
+        default=False,
+        description="Fail on a non-empty 'errors' array, a non-2xx status or a body that is not a GraphQL response",
+    )
+    expect_data_path: str | None = Field(
+        default=None, description="Path that must be present and non-null: '$.…' from the body, else relative to 'data'"
+    )
+    store_as: dict[str, str | GraphQLFind] = Field(
+        default_factory=dict,
+        description="ctx key -> '$.path', or -> {from, find, extract}; a capture that finds nothing fails the step",
+    )
+    token: str | None = Field(
+        default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity"
+    )
     skip_auth: bool = Field(default=False, description="Send no auth headers and no cookies")
     timeout: float | None = Field(default=None, gt=0, description="Seconds; bounded by the node deadline")
 
@@ -882,7 +1048,7 @@ class P22Inputs(PrimitiveInputs):
         for name, spec in value.items():
             if not _CAPTURE_NAME.match(name):
                 raise ValueError(f"store_as name {name!r} is not an identifier")
-            for path in ([spec] if isinstance(spec, str) else [spec.from_] + ([spec.extract] if spec.extract else [])):
+            for path in [spec] if isinstance(spec, str) else [spec.from_] + ([spec.extract] if spec.extract else []):
                 _check_path(path)
         return value
 
@@ -930,7 +1096,7 @@ def render_graphql(ctx: RunContext, query: str) -> str:
                 state, step = None, 3
             else:
                 step = 1
-        out.append(query[i:i + step])
+        out.append(query[i : i + step])
         i += step
     return "".join(out)
 
@@ -946,8 +1112,10 @@ def _gql_splice(value: Any, state: str | None, placeholder: str) -> str:
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, str) and _GQL_BARE_TOKEN.match(value):
         return value
-    raise ValueError(f"{placeholder} is outside a GraphQL string literal and its value {short(value, 60)} is not a "
-                     "name, number, boolean or null; quote it in the query or pass it in variables")
+    raise ValueError(
+        f"{placeholder} is outside a GraphQL string literal and its value {short(value, 60)} is not a "
+        "name, number, boolean or null; quote it in the query or pass it in variables"
+    )
 
 
 def graphql_errors(body: Any) -> list[Any]:
@@ -962,7 +1130,11 @@ def _error_text(errors: list[Any]) -> str:
     shown = []
     for err in errors[:MAX_LISTED_ERRORS]:
         msg = err.get("message") if isinstance(err, dict) else err
-        code = err.get("extensions", {}).get("code") if isinstance(err, dict) and isinstance(err.get("extensions"), dict) else None
+        code = (
+            err.get("extensions", {}).get("code")
+            if isinstance(err, dict) and isinstance(err.get("extensions"), dict)
+            else None
+        )
         shown.append(short(msg, 160).strip('"') + (f" [{short(code, 40).strip(chr(34))}]" if code is not None else ""))
     more = f" (+{len(errors) - MAX_LISTED_ERRORS} more)" if len(errors) > MAX_LISTED_ERRORS else ""
     return f"{len(errors)} GraphQL error(s): " + "; ".join(shown) + more
@@ -996,7 +1168,11 @@ def _gql_capture(spec: str | GraphQLFind, body: Any) -> tuple[Any, str]:
 
 def _gql_created_id(query: str, body: Any) -> Any:
     """The id a mutation returned: ``{data: {createX: {id}}}`` (one root field) or a scalar root field."""
-    if not query.lstrip().startswith("mutation") or not isinstance(body, dict) or not isinstance(body.get("data"), dict):
+    if (
+        not query.lstrip().startswith("mutation")
+        or not isinstance(body, dict)
+        or not isinstance(body.get("data"), dict)
+    ):
         return None
     fields = list(body["data"].values())
     if len(fields) != 1:
@@ -1019,12 +1195,16 @@ def graphql_request(inputs: P22Inputs, ctx: RunContext) -> StepResult:
     if inputs.operation_name:
         payload["operationName"] = inputs.operation_name
     identity, headers, who = _identity_for(ctx, inputs.token, "token" in inputs.model_fields_set, inputs.skip_auth)
-    sent = send(ctx, "POST", inputs.endpoint, body=payload, headers=headers or None, identity=identity, timeout_s=inputs.timeout)
+    sent = send(
+        ctx, "POST", inputs.endpoint, body=payload, headers=headers or None, identity=identity, timeout_s=inputs.timeout
+    )
     evidence = response_evidence(sent)
     evidence["query_excerpt"] = excerpt(query, 500)
     if sent.response is None:
         forget_response(ctx)
-        return StepResult(passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence)
+        return StepResult(
+            passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence
+        )
     response = sent.response
     ctx.set_response(response)
     body = response.body
@@ -1045,7 +1225,9 @@ def graphql_request(inputs: P22Inputs, ctx: RunContext) -> StepResult:
         if not is_graphql:
             failures.append(f"not a GraphQL response (no data/errors object): {excerpt(response.text, 200)}")
     if inputs.expect_data_path:
-        base = body if inputs.expect_data_path.lstrip().startswith("$") or not isinstance(body, dict) else body.get("data")
+        base = (
+            body if inputs.expect_data_path.lstrip().startswith("$") or not isinstance(body, dict) else body.get("data")
+        )
         try:
             found = path_value(inputs.expect_data_path, base) if base is not None else ABSENT
         except PathError as exc:
@@ -1063,7 +1245,9 @@ def graphql_request(inputs: P22Inputs, ctx: RunContext) -> StepResult:
     if captured:
         evidence["captured"] = captured
     if failures:
-        return StepResult(passed=False, value=response.record(), evidence=evidence, message=f"{head}; " + "; ".join(failures))
+        return StepResult(
+            passed=False, value=response.record(), evidence=evidence, message=f"{head}; " + "; ".join(failures)
+        )
     note_errors = f"; {_error_text(errors)} (allowed: expect_no_errors is false)" if errors else ""
     return StepResult(passed=True, value=response.record(), evidence=evidence, message=head + note_errors)
 
@@ -1073,24 +1257,44 @@ class UploadGraphQL(PrimitiveInputs):
     """GraphQL multipart request spec: operations + map + file part '0'."""
 
     endpoint: str = Field(default="/graphql", description="GraphQL endpoint receiving the multipart request")
-    query: str = Field(min_length=1, description="The upload mutation, e.g. mutation($file: Upload!) { uploadFile(file: $file) }")
+    query: str = Field(
+        min_length=1, description="The upload mutation, e.g. mutation($file: Upload!) { uploadFile(file: $file) }"
+    )
     variables: dict[str, Any] = Field(default_factory=dict, description="Other variables of the mutation")
-    file_variable: str = Field(default="file", description="Variable that receives the file (mapped as variables.<name>)")
+    file_variable: str = Field(
+        default="file", description="Variable that receives the file (mapped as variables.<name>)"
+    )
     operation_name: str | None = Field(default=None, description="operationName")
 
 
 class UploadSpec(PrimitiveInputs):
     method: str = Field(default="POST", description="HTTP method of the upload")
-    path: str = Field(default="/upload", description="Upload path (for a GraphQL upload, graphql.endpoint is used instead)")
+    path: str = Field(
+        default="/upload", description="Upload path (for a GraphQL upload, graphql.endpoint is used instead)"
+    )
     file_name: str = Field(default="saasbench-upload.txt", description="File name of the part (legacy: filename)")
-    file_content: str | None = Field(default=None, description="'base64:<data>' or text (UTF-8); absent = a sample file for the name")
-    file_size_kb: int | None = Field(default=None, gt=0, le=MAX_UPLOAD_BYTES // 1024, description="Generate a deterministic file of this size instead")
+    file_content: str | None = Field(
+        default=None, description="'base64:<data>' or text (UTF-8); absent = a sample file for the name"
+    )
+    file_size_kb: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_UPLOAD_BYTES // 1024,
+        description="Generate a deterministic file of this size instead",
+    )
     content_type: str | None = Field(default=None, description="Part content type; default guessed from the name")
     file_field: str = Field(default="file", description="Form field of the file part (legacy: field_name)")
     fields: dict[str, Any] = Field(default_factory=dict, description="Extra form fields (legacy: extra_fields)")
-    expected_status: Statuses = Field(default_factory=list, description="Statuses that pass (legacy: acceptable_statuses merged); default 2xx")
-    id_path: str | None = Field(default=None, description="Path of the created id in the upload response; default id/uuid (also under data/result/item)")
-    graphql: UploadGraphQL | None = Field(default=None, description="Upload through a GraphQL multipart mutation instead of a form")
+    expected_status: Statuses = Field(
+        default_factory=list, description="Statuses that pass (legacy: acceptable_statuses merged); default 2xx"
+    )
+    id_path: str | None = Field(
+        default=None,
+        description="Path of the created id in the upload response; default id/uuid (also under data/result/item)",
+    )
+    graphql: UploadGraphQL | None = Field(
+        default=None, description="Upload through a GraphQL multipart mutation instead of a form"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1101,7 +1305,9 @@ class UploadSpec(PrimitiveInputs):
             rename_aliases(data, "file_field", ("field_name",))
             rename_aliases(data, "fields", ("extra_fields",))
             if "acceptable_statuses" in data:
-                data["expected_status"] = _as_statuses(data.get("expected_status")) + _as_statuses(data.pop("acceptable_statuses"))
+                data["expected_status"] = _as_statuses(data.get("expected_status")) + _as_statuses(
+                    data.pop("acceptable_statuses")
+                )
                 note("upload 'acceptable_statuses' -> expected_status")
         return data
 
@@ -1115,7 +1321,7 @@ class UploadSpec(PrimitiveInputs):
     def _decodable(cls, value: str | None) -> str | None:
         if value is not None and value.startswith("base64:"):
             try:
-                raw = base64.b64decode(value[len("base64:"):], validate=True)
+                raw = base64.b64decode(value[len("base64:") :], validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise ValueError(f"file_content is not valid base64: {exc}") from exc
             if len(raw) > MAX_UPLOAD_BYTES:
@@ -1125,7 +1331,7 @@ class UploadSpec(PrimitiveInputs):
     def content(self) -> bytes:
         if self.file_content is not None:
             if self.file_content.startswith("base64:"):
-                return base64.b64decode(self.file_content[len("base64:"):])
+                return base64.b64decode(self.file_content[len("base64:") :])
             return self.file_content.encode("utf-8")
         if self.file_size_kb:
             pattern = hashlib.sha256(self.file_name.encode()).digest()
@@ -1134,12 +1340,17 @@ class UploadSpec(PrimitiveInputs):
 
 
 class DownloadSpec(PrimitiveInputs):
-    path: str | None = Field(default=None, description="Download path; {{id}}/{{created_id}} is the uploaded id, {{upload.<field>}} a field of "
-                             "the upload response; absent = the response's url/short_url/short_path/download_url")
+    path: str | None = Field(
+        default=None,
+        description="Download path; {{id}}/{{created_id}} is the uploaded id, {{upload.<field>}} a field of "
+        "the upload response; absent = the response's url/short_url/short_path/download_url",
+    )
     method: str = Field(default="GET", description="HTTP method of the download")
     expect_status: Statuses = Field(default_factory=list, description="Statuses that pass; default 200")
     expect_same_content: bool = Field(default=True, description="The downloaded bytes equal the uploaded ones (sha256)")
-    max_bytes: int = Field(default=DEFAULT_MAX_DOWNLOAD_BYTES, gt=0, description="Stop reading (and fail) past this size")
+    max_bytes: int = Field(
+        default=DEFAULT_MAX_DOWNLOAD_BYTES, gt=0, description="Stop reading (and fail) past this size"
+    )
 
     @field_validator("method", mode="before")
     @classmethod
@@ -1149,11 +1360,19 @@ class DownloadSpec(PrimitiveInputs):
 
 class P23Inputs(PrimitiveInputs):
     upload: UploadSpec = Field(description="The multipart upload (the flat legacy form is moved here)")
-    download: DownloadSpec | None = Field(default=None, description="Then download it and compare (placeholders resolved after the upload)")
-    token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
+    download: DownloadSpec | None = Field(
+        default=None, description="Then download it and compare (placeholders resolved after the upload)"
+    )
+    token: str | None = Field(
+        default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity"
+    )
     save_as: str | None = Field(default=None, description="Capture the upload response record under this name")
-    save_id_as: str | None = Field(default=None, description="Capture the created id as {{name}} (as P04; legacy: save_response_id_as)")
-    capture_fields: dict[str, str] = Field(default_factory=dict, description="{{var}} -> field of the upload response (as P04)")
+    save_id_as: str | None = Field(
+        default=None, description="Capture the created id as {{name}} (as P04; legacy: save_response_id_as)"
+    )
+    capture_fields: dict[str, str] = Field(
+        default_factory=dict, description="{{var}} -> field of the upload response (as P04)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1166,7 +1385,10 @@ class P23Inputs(PrimitiveInputs):
             # sgdoserd: {upload_path, form_fields, files: [{field, filename, content_type, content_b64}]}
             files = data.pop("files", None) or [{}]
             first = files[0] if isinstance(files[0], dict) else {}
-            upload: dict[str, Any] = {"path": data.pop("upload_path", "/upload"), "fields": data.pop("form_fields", None) or {}}
+            upload: dict[str, Any] = {
+                "path": data.pop("upload_path", "/upload"),
+                "fields": data.pop("form_fields", None) or {},
+            }
             for src, dst in (("field", "file_field"), ("filename", "file_name"), ("content_type", "content_type")):
                 if src in first:
                     upload[dst] = first[src]
@@ -1177,8 +1399,27 @@ class P23Inputs(PrimitiveInputs):
             note("upload_path/form_fields/files[0] -> upload: {...} (one file part; passes on 200/201)")
             if len(files) > 1:
                 warn(f"{len(files) - 1} more file part(s) not sent (one file per upload)", "files")
-        flat = [k for k in ("method", "path", "file_name", "filename", "file_content", "file_size_kb", "content_type", "file_field",
-                            "field_name", "fields", "extra_fields", "expected_status", "acceptable_statuses", "id_path", "graphql") if k in data]
+        flat = [
+            k
+            for k in (
+                "method",
+                "path",
+                "file_name",
+                "filename",
+                "file_content",
+                "file_size_kb",
+                "content_type",
+                "file_field",
+                "field_name",
+                "fields",
+                "extra_fields",
+                "expected_status",
+                "acceptable_statuses",
+                "id_path",
+                "graphql",
+            )
+            if k in data
+        ]
         if flat and "upload" not in data:
             data["upload"] = {k: data.pop(k) for k in flat}
             note("flat upload keys -> upload: {...}")
@@ -1188,8 +1429,9 @@ class P23Inputs(PrimitiveInputs):
 _DOWNLOAD_KEYS = ("url", "short_url", "short_path", "download_url", "downloadUrl", "path")
 
 
-def _download(ctx: RunContext, method: str, url: str, identity: Identity | None, headers: dict[str, str], cap: int,
-              timeout: float) -> tuple[int | None, bytes | None, str | None, bool]:
+def _download(
+    ctx: RunContext, method: str, url: str, identity: Identity | None, headers: dict[str, str], cap: int, timeout: float
+) -> tuple[int | None, bytes | None, str | None, bool]:
     """Stream a download with its own byte cap, as the identity; (status, bytes, error, unreachable).
 
     Separate from the run's text-decoding client because the bytes themselves are compared.
@@ -1202,12 +1444,22 @@ def _download(ctx: RunContext, method: str, url: str, identity: Identity | None,
         if cookie:
             merged.setdefault("Cookie", cookie)
     try:
-        with (httpx.Client(follow_redirects=False, timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
-                           headers={"User-Agent": "saasbench-evaluator/0.1"}) as client,
-              client.stream(method, url, headers=merged) as response):
+        with (
+            httpx.Client(
+                follow_redirects=False,
+                timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
+                headers={"User-Agent": "saasbench-evaluator/0.1"},
+            ) as client,
+            client.stream(method, url, headers=merged) as response,
+        ):
             declared = response.headers.get("content-length")
             if declared and declared.isdigit() and int(declared) > cap:
-                return response.status_code, None, f"download of {int(declared)} bytes exceeds the {cap}-byte cap; not read", False
+                return (
+                    response.status_code,
+                    None,
+                    f"download of {int(declared)} bytes exceeds the {cap}-byte cap; not read",
+                    False,
+                )
             chunks, size = [], 0
             for chunk in response.iter_bytes():
                 size += len(chunk)
@@ -1244,13 +1496,29 @@ def file_upload(inputs: P23Inputs, ctx: RunContext) -> StepResult:
         data = {k: v if isinstance(v, str) else _scalar_text(v) for k, v in up.fields.items()}
         files = {up.file_field: (up.file_name, content, ctype)}
         method, path = up.method, up.path
-    sent = _dispatch(ctx, method, path, lambda: {"files": files, "data": data or None}, headers=headers or None,
-                     identity=identity, timeout_s=None)
-    evidence: dict[str, Any] = {"upload": response_evidence(sent), "file_name": up.file_name, "bytes": len(content),
-                                "sha256": hashlib.sha256(content).hexdigest()}
+    sent = _dispatch(
+        ctx,
+        method,
+        path,
+        lambda: {"files": files, "data": data or None},
+        headers=headers or None,
+        identity=identity,
+        timeout_s=None,
+    )
+    evidence: dict[str, Any] = {
+        "upload": response_evidence(sent),
+        "file_name": up.file_name,
+        "bytes": len(content),
+        "sha256": hashlib.sha256(content).hexdigest(),
+    }
     if sent.response is None:
         forget_response(ctx)
-        return StepResult(passed=False, unreachable=sent.unreachable, message=f"upload: {sent.error or 'no response'}", evidence=evidence)
+        return StepResult(
+            passed=False,
+            unreachable=sent.unreachable,
+            message=f"upload: {sent.error or 'no response'}",
+            evidence=evidence,
+        )
     response = sent.response
     ctx.set_response(response)
     if inputs.save_as:
@@ -1259,11 +1527,17 @@ def file_upload(inputs: P23Inputs, ctx: RunContext) -> StepResult:
     ok_status = response.status in up.expected_status if up.expected_status else 200 <= response.status < 300
     if not ok_status:
         rule = sorted(up.expected_status) if up.expected_status else "2xx"
-        return StepResult(passed=False, evidence=evidence, value=response.record(),
-                          message=f"{head}; expected {rule}; body: {excerpt(response.text, 300)}")
+        return StepResult(
+            passed=False,
+            evidence=evidence,
+            value=response.record(),
+            message=f"{head}; expected {rule}; body: {excerpt(response.text, 300)}",
+        )
     errors = graphql_errors(response.body) if up.graphql is not None else []
     if errors:
-        return StepResult(passed=False, evidence=evidence, value=response.record(), message=f"{head}; {_error_text(errors)}")
+        return StepResult(
+            passed=False, evidence=evidence, value=response.record(), message=f"{head}; {_error_text(errors)}"
+        )
     created = _upload_id(response.body, up)
     if created is not None:
         ctx.capture("created_id", created)
@@ -1271,11 +1545,27 @@ def file_upload(inputs: P23Inputs, ctx: RunContext) -> StepResult:
         evidence["created_id"] = created
     failures = _capture_fields(ctx, response.body, inputs.save_id_as, inputs.capture_fields, created)
     if failures:
-        return StepResult(passed=False, evidence=evidence, value=response.record(), message=f"{head}; " + "; ".join(failures))
+        return StepResult(
+            passed=False, evidence=evidence, value=response.record(), message=f"{head}; " + "; ".join(failures)
+        )
     if inputs.download is None:
-        return StepResult(passed=True, evidence=evidence, value=response.record(),
-                          message=head + (f"; created id {short(created, 80)}" if created is not None else ""))
-    return _check_download(ctx, inputs.download.model_dump(exclude_unset=True), response, created, content, identity, headers, head, evidence)
+        return StepResult(
+            passed=True,
+            evidence=evidence,
+            value=response.record(),
+            message=head + (f"; created id {short(created, 80)}" if created is not None else ""),
+        )
+    return _check_download(
+        ctx,
+        inputs.download.model_dump(exclude_unset=True),
+        response,
+        created,
+        content,
+        identity,
+        headers,
+        head,
+        evidence,
+    )
 
 
 def _upload_id(body: Any, up: UploadSpec) -> Any:
@@ -1285,14 +1575,28 @@ def _upload_id(body: Any, up: UploadSpec) -> Any:
         except PathError:
             found = ABSENT
         return None if found is ABSENT or isinstance(found, (dict, list, bool)) else found
-    if up.graphql is not None and isinstance(body, dict) and isinstance(body.get("data"), dict) and len(body["data"]) == 1:
+    if (
+        up.graphql is not None
+        and isinstance(body, dict)
+        and isinstance(body.get("data"), dict)
+        and len(body["data"]) == 1
+    ):
         inner = next(iter(body["data"].values()))
         return inner if isinstance(inner, (str, int)) and not isinstance(inner, bool) else extract_id(inner)
     return extract_id(body)
 
 
-def _check_download(ctx: RunContext, raw: dict[str, Any], response: HttpResponse, created: Any, content: bytes, identity: Identity | None,
-                    headers: dict[str, str], head: str, evidence: dict[str, Any]) -> StepResult:
+def _check_download(
+    ctx: RunContext,
+    raw: dict[str, Any],
+    response: HttpResponse,
+    created: Any,
+    content: bytes,
+    identity: Identity | None,
+    headers: dict[str, str],
+    head: str,
+    evidence: dict[str, Any],
+) -> StepResult:
     extra: dict[str, Any] = {"upload": response.body if isinstance(response.body, dict) else {}}
     if created is not None:
         extra.update(id=created, created_id=created)
@@ -1306,10 +1610,17 @@ def _check_download(ctx: RunContext, raw: dict[str, Any], response: HttpResponse
     template = raw.get("path")
     path = spec.path
     if path is None and isinstance(response.body, dict):
-        path = next((response.body[k] for k in _DOWNLOAD_KEYS if isinstance(response.body.get(k), str) and response.body[k]), None)
+        path = next(
+            (response.body[k] for k in _DOWNLOAD_KEYS if isinstance(response.body.get(k), str) and response.body[k]),
+            None,
+        )
         template = None  # chosen by the app: must stay on the app's origin
     if not path:
-        return StepResult(passed=False, evidence=evidence, message=f"{head}; download: no path given and no url in the upload response")
+        return StepResult(
+            passed=False,
+            evidence=evidence,
+            message=f"{head}; download: no path given and no url in the upload response",
+        )
     url = ctx.http.url(path)
     refused = _origin_error(ctx, template, path)
     if refused:
@@ -1320,7 +1631,12 @@ def _check_download(ctx: RunContext, raw: dict[str, Any], response: HttpResponse
     evidence["download"] = dl
     if error is not None:
         dl["error"] = error
-        return StepResult(passed=False, unreachable=unreachable and status is None, evidence=evidence, message=f"{head}; download: {error}")
+        return StepResult(
+            passed=False,
+            unreachable=unreachable and status is None,
+            evidence=evidence,
+            message=f"{head}; download: {error}",
+        )
     assert data is not None
     dl.update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
     wanted = set(spec.expect_status or (200,))
@@ -1328,12 +1644,16 @@ def _check_download(ctx: RunContext, raw: dict[str, Any], response: HttpResponse
     if status not in wanted:
         failures.append(f"download {spec.method} {path} -> {status}, expected {sorted(wanted)}")
     elif spec.expect_same_content and data != content:
-        failures.append(f"downloaded {len(data)} bytes (sha256 {dl['sha256'][:12]}) differ from the uploaded {len(content)} bytes "
-                        f"(sha256 {evidence['sha256'][:12]})")
+        failures.append(
+            f"downloaded {len(data)} bytes (sha256 {dl['sha256'][:12]}) differ from the uploaded {len(content)} bytes "
+            f"(sha256 {evidence['sha256'][:12]})"
+        )
     if failures:
         return StepResult(passed=False, evidence=evidence, message=f"{head}; " + "; ".join(failures))
     same = "; same content" if spec.expect_same_content else ""
-    return StepResult(passed=True, evidence=evidence, message=f"{head}; download {path} -> {status}, {len(data)} bytes{same}")
+    return StepResult(
+        passed=True, evidence=evidence, message=f"{head}; download {path} -> {status}, {len(data)} bytes{same}"
+    )
 
 
 # --- P26 -----------------------------------------------------------------------------------------
@@ -1352,17 +1672,38 @@ class P26Inputs(PrimitiveInputs):
     query: Any = Field(default=None, description="The search term, sent as parameter `param` (legacy: q, term, search)")
     param: str = Field(default="q", description="Name of the query parameter (or JSON key for POST)")
     params: dict[str, Any] = Field(default_factory=dict, description="More query parameters (GET) or body keys (POST)")
-    body: Any = Field(default=None, description="Explicit POST body; the query is added under `param` when it is an object")
-    results_path: str | None = Field(default=None, description="Path of the results list; default: the body when it is a list, "
-                                     "else the first list under items/results/data/hits/records/rows/entries/edges/nodes (one level deep too)")
-    expect_min_results: int | None = Field(default=None, ge=0, description="At least this many results (legacy: min_results, min_count, expected_results.min_count)")
-    expect_max_results: int | None = Field(default=None, ge=0, description="At most this many results (0: the search must find nothing)")
-    expect_contains: list[Any] = Field(default_factory=list, description="Each must appear in some result: a string is a case-insensitive "
-                                       "substring of a field, a number/bool equals a field, an object {dotted: value} must all match one result")
-    expect_first_contains: list[Any] = Field(default_factory=list, description="The same, for the first result (legacy: expected_results.first_result_contains)")
-    expect_absent: list[Any] = Field(default_factory=list, description="No result may match any of these (tenant isolation, deleted records)")
+    body: Any = Field(
+        default=None, description="Explicit POST body; the query is added under `param` when it is an object"
+    )
+    results_path: str | None = Field(
+        default=None,
+        description="Path of the results list; default: the body when it is a list, "
+        "else the first list under items/results/data/hits/records/rows/entries/edges/nodes (one level deep too)",
+    )
+    expect_min_results: int | None = Field(
+        default=None,
+        ge=0,
+        description="At least this many results (legacy: min_results, min_count, expected_results.min_count)",
+    )
+    expect_max_results: int | None = Field(
+        default=None, ge=0, description="At most this many results (0: the search must find nothing)"
+    )
+    expect_contains: list[Any] = Field(
+        default_factory=list,
+        description="Each must appear in some result: a string is a case-insensitive "
+        "substring of a field, a number/bool equals a field, an object {dotted: value} must all match one result",
+    )
+    expect_first_contains: list[Any] = Field(
+        default_factory=list,
+        description="The same, for the first result (legacy: expected_results.first_result_contains)",
+    )
+    expect_absent: list[Any] = Field(
+        default_factory=list, description="No result may match any of these (tenant isolation, deleted records)"
+    )
     expected_status: Statuses = Field(default_factory=list, description="Statuses that pass; default 2xx")
-    token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
+    token: str | None = Field(
+        default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity"
+    )
     skip_auth: bool = Field(default=False, description="Send no auth headers and no cookies")
     timeout: float | None = Field(default=None, gt=0, description="Seconds; bounded by the node deadline")
 
@@ -1379,8 +1720,12 @@ class P26Inputs(PrimitiveInputs):
         expected = data.pop("expected_results", None)
         if isinstance(expected, dict):
             expected = dict(expected)
-            for old, new in (("min_count", "expect_min_results"), ("max_count", "expect_max_results"),
-                             ("first_result_contains", "expect_first_contains"), ("contains", "expect_contains")):
+            for old, new in (
+                ("min_count", "expect_min_results"),
+                ("max_count", "expect_max_results"),
+                ("first_result_contains", "expect_first_contains"),
+                ("contains", "expect_contains"),
+            ):
                 if old in expected:
                     data.setdefault(new, expected.pop(old))
             if expected:
@@ -1411,7 +1756,11 @@ def find_results(body: Any, results_path: str | None) -> tuple[list[Any] | None,
             found = path_value(results_path, body)
         except PathError as exc:
             return None, str(exc)
-        return (found, results_path) if isinstance(found, list) else (None, f"{results_path} is {type_name(found)}, not a list")
+        return (
+            (found, results_path)
+            if isinstance(found, list)
+            else (None, f"{results_path} is {type_name(found)}, not a list")
+        )
     if isinstance(body, list):
         return body, "$"
     if isinstance(body, dict):
@@ -1464,25 +1813,36 @@ def search_query(inputs: P26Inputs, ctx: RunContext) -> StepResult:
     path, body = inputs.path, inputs.body
     if inputs.method in ("GET", "DELETE", "HEAD"):
         if params:
-            query_string = urlencode({k: (v if isinstance(v, (str, list)) else _scalar_text(v)) for k, v in params.items()}, doseq=True)
+            query_string = urlencode(
+                {k: (v if isinstance(v, (str, list)) else _scalar_text(v)) for k, v in params.items()}, doseq=True
+            )
             path = f"{path}{'&' if '?' in path else '?'}{query_string}"
     elif body is None:
         body = params
     elif isinstance(body, dict) and inputs.query is not None:
         body = {**body, inputs.param: inputs.query}
     identity, headers, who = _identity_for(ctx, inputs.token, "token" in inputs.model_fields_set, inputs.skip_auth)
-    sent = send(ctx, inputs.method, path, body=body, headers=headers or None, identity=identity, timeout_s=inputs.timeout)
+    sent = send(
+        ctx, inputs.method, path, body=body, headers=headers or None, identity=identity, timeout_s=inputs.timeout
+    )
     evidence = response_evidence(sent)
     if sent.response is None:
         forget_response(ctx)
-        return StepResult(passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence)
+        return StepResult(
+            passed=False, unreachable=sent.unreachable, message=sent.error or "no response", evidence=evidence
+        )
     response = sent.response
     ctx.set_response(response)
     head = f"{inputs.method} {path} as {who} -> {response.status}"
     ok_status = response.status in inputs.expected_status if inputs.expected_status else 200 <= response.status < 300
     if not ok_status:
         rule = sorted(inputs.expected_status) if inputs.expected_status else "2xx"
-        return StepResult(passed=False, evidence=evidence, value=response.record(), message=f"{head}; expected {rule}; body: {excerpt(response.text, 300)}")
+        return StepResult(
+            passed=False,
+            evidence=evidence,
+            value=response.record(),
+            message=f"{head}; expected {rule}; body: {excerpt(response.text, 300)}",
+        )
     results, where = find_results(response.body, inputs.results_path)
     if results is None:
         return StepResult(passed=False, evidence=evidence, value=response.record(), message=f"{head}; {where}")
@@ -1506,7 +1866,9 @@ def search_query(inputs: P26Inputs, ctx: RunContext) -> StepResult:
     capped = f" (first {MAX_SCANNED_RESULTS} scanned)" if len(results) > MAX_SCANNED_RESULTS else ""
     summary = f"{head}; {len(results)} result(s) at {where}{capped}"
     if failures:
-        return StepResult(passed=False, evidence=evidence, value=response.record(), message=f"{summary}; " + "; ".join(failures))
+        return StepResult(
+            passed=False, evidence=evidence, value=response.record(), message=f"{summary}; " + "; ".join(failures)
+        )
     return StepResult(passed=True, evidence=evidence, value=response.record(), message=summary)
 
 
@@ -1516,9 +1878,13 @@ class WorkflowSetup(HttpFields):
     path: str = Field(description="Path creating the entity")
     body: Any = Field(default=None, description="JSON body")
     headers: dict[str, str] | None = Field(default=None, description="Extra headers (added to the identity's)")
-    token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
+    token: str | None = Field(
+        default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity"
+    )
     expect_status: Statuses = Field(default_factory=list, description="Default 200 or 201 (legacy: expected_status)")
-    id_path: str | None = Field(default=None, description="Path of the entity id in the response; default id/uuid (also under data/result/item)")
+    id_path: str | None = Field(
+        default=None, description="Path of the entity id in the response; default id/uuid (also under data/result/item)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1527,7 +1893,6 @@ class WorkflowSetup(HttpFields):
             data = dict(data)
             rename_aliases(data, "expect_status", ("expected_status",))
         return data
-
 
 
 def _state_assertions(value: Any) -> Any:
@@ -1540,23 +1905,42 @@ def _state_assertions(value: Any) -> Any:
         if isinstance(item, dict) and "value" in item and "expected" not in item:
             # {path, value} is literal equality: P07's magic strings ("array", "not_empty") do not apply
             op_given = any(k in item for k in ("op", "operator", "match_type", "assertion"))
-            item = {**{k: v for k, v in item.items() if k != "value"}, "expected": item["value"], **({} if op_given else {"op": "equals"})}
+            item = {
+                **{k: v for k, v in item.items() if k != "value"},
+                "expected": item["value"],
+                **({} if op_given else {"op": "equals"}),
+            }
         out.append(item)
     return out
 
 
 class WorkflowStep(HttpFields):
-    name: str | None = Field(default=None, description="Named in messages; its response record is {{<name>}} for later steps")
+    name: str | None = Field(
+        default=None, description="Named in messages; its response record is {{<name>}} for later steps"
+    )
     method: str = Field(default="PUT", description="HTTP method (default PUT, as in the reference)")
-    path: str | None = Field(default=None, description="Path; {{id}}, {{<setup field>}}, {{setup.a.b}}, {{ids[0]}} and "
-                             "{{<earlier step>.body.x}} resolve. Required unless wait_s is set")
-    wait_s: float | None = Field(default=None, ge=0, description="A wait step: pause this long (bounded by the node deadline) "
-                                 "and send nothing (legacy: _wait_seconds)")
+    path: str | None = Field(
+        default=None,
+        description="Path; {{id}}, {{<setup field>}}, {{setup.a.b}}, {{ids[0]}} and "
+        "{{<earlier step>.body.x}} resolve. Required unless wait_s is set",
+    )
+    wait_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="A wait step: pause this long (bounded by the node deadline) "
+        "and send nothing (legacy: _wait_seconds)",
+    )
     body: Any = Field(default=None, description="JSON body")
     headers: dict[str, str] | None = Field(default=None, description="Extra headers (added to the identity's)")
-    token: str | None = Field(default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity")
-    expect_status: Statuses = Field(default_factory=list, description="Statuses that pass; default 2xx (legacy: expected_status)")
-    expect_state: list[Assertion] = Field(default_factory=list, description="{path, value} (or P07 assertions) on the step's response body")
+    token: str | None = Field(
+        default=None, description="Explicit bearer token; '' = anonymous; absent = the active identity"
+    )
+    expect_status: Statuses = Field(
+        default_factory=list, description="Statuses that pass; default 2xx (legacy: expected_status)"
+    )
+    expect_state: list[Assertion] = Field(
+        default_factory=list, description="{path, value} (or P07 assertions) on the step's response body"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1577,8 +1961,13 @@ class WorkflowStep(HttpFields):
 
 
 class FinalVerify(PrimitiveInputs):
-    db_query: str = Field(min_length=1, description="SQL; {{placeholders}} (setup captures included) are bound as parameters (legacy: sql)")
-    expected: Any = Field(default=None, description="P08 expectation (legacy: expected_result); absent = a SELECT returns rows")
+    db_query: str = Field(
+        min_length=1,
+        description="SQL; {{placeholders}} (setup captures included) are bound as parameters (legacy: sql)",
+    )
+    expected: Any = Field(
+        default=None, description="P08 expectation (legacy: expected_result); absent = a SELECT returns rows"
+    )
     retry_ms: int | None = Field(default=None, ge=0, description="Re-run until the expectation holds (P08 retry_ms)")
 
     @model_validator(mode="before")
@@ -1606,24 +1995,33 @@ class ExternalVerify(PrimitiveInputs):
             rename_aliases(data, "external_get", ("_external_get",))
             for key in ("expect_min_events", "expect_signature_header_regex"):
                 data.pop(key, None)
-            warn("final_verify _external_get reads the task machine's own mock receiver; not supported here: the "
-                 "step fails at run time")
+            warn(
+                "final_verify _external_get reads the task machine's own mock receiver; not supported here: the "
+                "step fails at run time"
+            )
         return data
 
 
 class P29Inputs(PrimitiveInputs):
-    entity_setup: WorkflowSetup | None = Field(default=None, description="Create the entity; its id and every scalar field become placeholders of the steps")
-    steps: list[WorkflowStep] = Field(default_factory=list, description="Run in order (all of them); each checks expect_status and expect_state")
+    entity_setup: WorkflowSetup | None = Field(
+        default=None, description="Create the entity; its id and every scalar field become placeholders of the steps"
+    )
+    steps: list[WorkflowStep] = Field(
+        default_factory=list, description="Run in order (all of them); each checks expect_status and expect_state"
+    )
     final_verify: FinalVerify | ExternalVerify | list[FinalVerify | ExternalVerify] | None = Field(
-        default=None, description="{db_query, expected} checked like P08 after the steps")
+        default=None, description="{db_query, expected} checked like P08 after the steps"
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _legacy(cls, data: Any) -> Any:
         if isinstance(data, dict) and "workflow" in data and not data.get("steps"):
             # gavmyneb: {workflow: {trigger: "POST .../:course_id/...", poll: ...}, expected_states, terminal}
-            raise StepDefect("P29 'workflow' {trigger, poll} with expected_states describes a state machine whose routes "
-                             "have unbound :params; nothing runnable (the reference ran nothing and passed)")
+            raise StepDefect(
+                "P29 'workflow' {trigger, poll} with expected_states describes a state machine whose routes "
+                "have unbound :params; nothing runnable (the reference ran nothing and passed)"
+            )
         return data
 
     @model_validator(mode="after")
@@ -1698,8 +2096,14 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
     setup = inputs.entity_setup
     if setup is not None:
         identity, headers, who = _identity_for(ctx, setup.token, "token" in setup.model_fields_set)
-        sent = send(ctx, setup.method, setup.path, body=setup.body, headers={**(setup.headers or {}), **headers} or None,
-                    identity=identity)
+        sent = send(
+            ctx,
+            setup.method,
+            setup.path,
+            body=setup.body,
+            headers={**(setup.headers or {}), **headers} or None,
+            identity=identity,
+        )
         if sent.response is None:
             forget_response(ctx)
             unreachable = sent.unreachable
@@ -1711,7 +2115,12 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
             scope, created = _setup_scope(r.body, setup.id_path)
             text = f"{setup.method} {setup.path} as {who} -> {r.status}"
             if r.status not in wanted:
-                record("entity_setup", False, f"{text}, expected {sorted(wanted)}; body: {excerpt(r.text, 200)}", status=r.status)
+                record(
+                    "entity_setup",
+                    False,
+                    f"{text}, expected {sorted(wanted)}; body: {excerpt(r.text, 200)}",
+                    status=r.status,
+                )
             elif created is None:
                 record("entity_setup", False, f"{text}, but no entity id in the response", status=r.status)
             else:
@@ -1725,7 +2134,11 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
         if step.path is None and step.wait_s is not None:  # xayqujrv: {_wait_seconds: 3}
             waited = max(0.0, min(step.wait_s, ctx.remaining() - 1.0))
             time.sleep(waited)
-            record(label, True, f"waited {waited:g}s" + ("" if waited == step.wait_s else f" of {step.wait_s:g}s (node deadline)"))
+            record(
+                label,
+                True,
+                f"waited {waited:g}s" + ("" if waited == step.wait_s else f" of {step.wait_s:g}s (node deadline)"),
+            )
             continue
         try:
             raw = step.model_dump(exclude_unset=True)
@@ -1741,7 +2154,14 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
             record(label, False, refused)
             continue
         identity, headers, who = _identity_for(ctx, live.token, "token" in live.model_fields_set)
-        sent = send(ctx, live.method, live.path, body=live.body, headers={**(live.headers or {}), **headers} or None, identity=identity)
+        sent = send(
+            ctx,
+            live.method,
+            live.path,
+            body=live.body,
+            headers={**(live.headers or {}), **headers} or None,
+            identity=identity,
+        )
         if sent.response is None:
             forget_response(ctx)
             unreachable = unreachable or sent.unreachable
@@ -1769,14 +2189,29 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
         text = f"{live.method} {live.path} as {who} -> {r.status}"
         record(label, not problems, text + (f"; {'; '.join(problems)}" if problems else ""), status=r.status)
 
-    checks = inputs.final_verify if isinstance(inputs.final_verify, list) else [inputs.final_verify] if inputs.final_verify else []
+    checks = (
+        inputs.final_verify
+        if isinstance(inputs.final_verify, list)
+        else [inputs.final_verify]
+        if inputs.final_verify
+        else []
+    )
     for index, raw_check in enumerate(checks, 1):
         label = "final_verify" + (f" {index}" if len(checks) > 1 else "")
-        external = raw_check.external_get if isinstance(raw_check, ExternalVerify) else \
-            (raw_check.get("_external_get") or raw_check.get("external_get")) if isinstance(raw_check, dict) else None
+        external = (
+            raw_check.external_get
+            if isinstance(raw_check, ExternalVerify)
+            else (raw_check.get("_external_get") or raw_check.get("external_get"))
+            if isinstance(raw_check, dict)
+            else None
+        )
         if external:
-            record(label, False, f"not supported: GET {external} reads the task machine's own mock receiver, which a trial "
-                   "does not run at that address (a harness limitation)")
+            record(
+                label,
+                False,
+                f"not supported: GET {external} reads the task machine's own mock receiver, which a trial "
+                "does not run at that address (a harness limitation)",
+            )
             continue
         verify = raw_check if isinstance(raw_check, FinalVerify) else FinalVerify.model_validate(raw_check)
         with _Scoped(ctx, scope):  # {{id}} & co. are bound as SQL parameters by db_check, never spliced
@@ -1797,5 +2232,10 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
         message += "; failed: " + "; ".join(f"{s['name']}: {s['message']}" for s in failed[:4])
         if len(failed) > 4:
             message += f"; (+{len(failed) - 4} more)"
-    return StepResult(passed=total > 0 and passed == total, value=document, unreachable=unreachable and passed == 0,
-                      message=message, evidence={"ratio": ratio, "steps": subs})
+    return StepResult(
+        passed=total > 0 and passed == total,
+        value=document,
+        unreachable=unreachable and passed == 0,
+        message=message,
+        evidence={"ratio": ratio, "steps": subs},
+    )

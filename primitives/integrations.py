@@ -76,22 +76,32 @@ DEFAULT_WAIT_MS = 15000
 EVIDENCE_ITEMS = 10
 EVIDENCE_BODY_CHARS = 500
 REMOTE_POLL_S = 0.25  # polling a remote API (a task's mock-receiver or MailHog): it cannot notify us
-NO_ENVIRONMENT = ("no environment: an exec trigger needs an exec target (pass --exec local:DIR or --exec docker:CONTAINER) "
-                  "or an environment backend (a trial)")
+NO_ENVIRONMENT = (
+    "no environment: an exec trigger needs an exec target (pass --exec local:DIR or --exec docker:CONTAINER) "
+    "or an environment backend (a trial)"
+)
 
 
 # --- triggers -------------------------------------------------------------------------------------
 class Trigger(HttpFields):
-    type: Literal["http", "exec"] = Field(default="http", description="http (a request to the app) or exec (a command in its environment)")
+    type: Literal["http", "exec"] = Field(
+        default="http", description="http (a request to the app) or exec (a command in its environment)"
+    )
     method: str = Field(default="POST", description="http: HTTP method")
     path: str | None = Field(default=None, description="http: path relative to the base URL, or an absolute URL")
     body: Any = Field(default=None, description="http: body (dict/list -> JSON, str verbatim), as in P04")
-    headers: dict[str, str] | None = Field(default=None, description="http: headers; when given the identity's auth is not sent (as in P04)")
+    headers: dict[str, str] | None = Field(
+        default=None, description="http: headers; when given the identity's auth is not sent (as in P04)"
+    )
     skip_auth: bool = Field(default=False, description="http: send no auth headers and no cookies")
-    expect_status: Statuses = Field(default_factory=list, description="http: status code(s) the trigger must get (default: any response)")
+    expect_status: Statuses = Field(
+        default_factory=list, description="http: status code(s) the trigger must get (default: any response)"
+    )
     command: str | None = Field(default=None, description="exec: shell command, run like P12")
     expect_exit_code: int | None = Field(default=0, description="exec: exit code that passes (null: any)")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds for the request/command; bounded by the node deadline")
+    timeout: float | None = Field(
+        default=None, gt=0, description="Seconds for the request/command; bounded by the node deadline"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -122,7 +132,6 @@ class Trigger(HttpFields):
             else:
                 data["type"] = lowered
         return data
-
 
     @model_validator(mode="after")
     def _complete(self) -> Trigger:
@@ -171,8 +180,14 @@ def _fire_one(ctx: RunContext, t: Trigger) -> tuple[str | None, dict[str, Any], 
             return NO_ENVIRONMENT, {"type": "exec", "command": t.command}, False
         timeout = ctx.timeout(t.timeout or 120.0)
         result = env.exec(t.command, timeout_s=timeout, env=getattr(ctx.target, "exec_env", None) or None)
-        ev = {"type": "exec", "command": t.command, "exit_code": result.exit_code, "timed_out": result.timed_out,
-              "stdout": result.stdout[-1000:], "stderr": result.stderr[-1000:]}
+        ev = {
+            "type": "exec",
+            "command": t.command,
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "stdout": result.stdout[-1000:],
+            "stderr": result.stderr[-1000:],
+        }
         if result.timed_out:
             return f"trigger command timed out after {timeout:g}s", ev, False
         if t.expect_exit_code is not None and result.exit_code != t.expect_exit_code:
@@ -181,22 +196,39 @@ def _fire_one(ctx: RunContext, t: Trigger) -> tuple[str | None, dict[str, Any], 
             return f"trigger command exited {result.exit_code}, expected {t.expect_exit_code}{hint}", ev, False
         return None, ev, False
     plain = t.skip_auth or t.headers is not None
-    sent = send(ctx, t.method, t.path or "", body=t.body, headers=t.headers,
-                identity=None if plain else ctx.auth.active, timeout_s=t.timeout)
+    sent = send(
+        ctx,
+        t.method,
+        t.path or "",
+        body=t.body,
+        headers=t.headers,
+        identity=None if plain else ctx.auth.active,
+        timeout_s=t.timeout,
+    )
     ev = {"type": "http", **response_evidence(sent)}
     if sent.response is None:
         ctx.clear_response()
         return f"trigger {t.method} {t.path}: {sent.error or 'no response'}", ev, sent.unreachable
     ctx.set_response(sent.response)
     if t.expect_status and sent.response.status not in t.expect_status:
-        return (f"trigger {t.method} {t.path} -> {sent.response.status}, expected {sorted(t.expect_status)}; "
-                f"body: {excerpt(sent.response.text, 300)}"), ev, False
+        return (
+            (
+                f"trigger {t.method} {t.path} -> {sent.response.status}, expected {sorted(t.expect_status)}; "
+                f"body: {excerpt(sent.response.text, 300)}"
+            ),
+            ev,
+            False,
+        )
     return None, ev, False
 
 
 def _trigger_note(evidence: list[dict[str, Any]]) -> str:
     """' (trigger POST /x -> 500)' to explain a failed wait."""
-    parts = [f"{e.get('method')} {e.get('url')} -> {e.get('status')}" for e in evidence if e.get("type") == "http" and "status" in e]
+    parts = [
+        f"{e.get('method')} {e.get('url')} -> {e.get('status')}"
+        for e in evidence
+        if e.get("type") == "http" and "status" in e
+    ]
     return f" (trigger {'; '.join(parts)})" if parts else ""
 
 
@@ -206,22 +238,45 @@ def _wait_s(ctx: RunContext, ms: float | None) -> float:
 
 
 # --- verification (P24, P_INGEST) ------------------------------------------------------------------
-_STRATEGIES = {"db_query": "db_query", "db": "db_query", "sql": "db_query", "database": "db_query", "query": "db_query",
-               "http": "http", "api": "http", "http_poll": "http", "poll": "http", "api_query": "http", "http_request": "http"}
+_STRATEGIES = {
+    "db_query": "db_query",
+    "db": "db_query",
+    "sql": "db_query",
+    "database": "db_query",
+    "query": "db_query",
+    "http": "http",
+    "api": "http",
+    "http_poll": "http",
+    "poll": "http",
+    "api_query": "http",
+    "http_request": "http",
+}
 
 
 class Verify(HttpFields):
-    strategy: Literal["db_query", "http"] = Field(description="db_query: poll SQL; http: poll an endpoint with P07 assertions")
-    sql: Any = Field(default=None, description="db_query: SQL (or a MongoDB query); placeholders are bound as parameters")
-    expected_result: Any = Field(default=None, description="db_query: any P08 expectation (absent: a SELECT returns rows)")
+    strategy: Literal["db_query", "http"] = Field(
+        description="db_query: poll SQL; http: poll an endpoint with P07 assertions"
+    )
+    sql: Any = Field(
+        default=None, description="db_query: SQL (or a MongoDB query); placeholders are bound as parameters"
+    )
+    expected_result: Any = Field(
+        default=None, description="db_query: any P08 expectation (absent: a SELECT returns rows)"
+    )
     method: str = Field(default="GET", description="http: method")
     path: str | None = Field(default=None, description="http: path or absolute URL")
     body: Any = Field(default=None, description="http: request body (e.g. an analytics query)")
-    headers: dict[str, str] | None = Field(default=None, description="http: headers; when given, the identity's auth is not sent")
+    headers: dict[str, str] | None = Field(
+        default=None, description="http: headers; when given, the identity's auth is not sent"
+    )
     skip_auth: bool = Field(default=False, description="http: send no auth")
     expect_status: Statuses = Field(default_factory=list, description="http: status code(s) (default 2xx)")
-    assertions: list[dict[str, Any]] = Field(default_factory=list, description="http: P07 assertions on the body; all must hold")
-    max_wait_ms: int | None = Field(default=None, ge=0, description="Poll this long (default: the step's max_wait_ms, 15000)")
+    assertions: list[dict[str, Any]] = Field(
+        default_factory=list, description="http: P07 assertions on the body; all must hold"
+    )
+    max_wait_ms: int | None = Field(
+        default=None, ge=0, description="Poll this long (default: the step's max_wait_ms, 15000)"
+    )
     interval_ms: int = Field(default=500, ge=10, description="http: pause between polls")
 
     @model_validator(mode="before")
@@ -250,7 +305,6 @@ class Verify(HttpFields):
         if isinstance(data.get("assertions"), dict):
             data["assertions"] = [data["assertions"]]
         return data
-
 
     @model_validator(mode="after")
     def _complete(self) -> Verify:
@@ -297,8 +351,15 @@ def _poll_http(ctx: RunContext, v: Verify, wait_ms: int) -> StepResult:
     rows: list[dict[str, Any]] = []
     while True:
         attempts += 1
-        sent = send(ctx, v.method, str(path), body=body, headers=headers, identity=None if plain else ctx.auth.active,
-                    timeout_s=_request_timeout(deadline))
+        sent = send(
+            ctx,
+            v.method,
+            str(path),
+            body=body,
+            headers=headers,
+            identity=None if plain else ctx.auth.active,
+            timeout_s=_request_timeout(deadline),
+        )
         last_ev = response_evidence(sent)
         problem: str | None
         if sent.response is None:
@@ -315,17 +376,23 @@ def _poll_http(ctx: RunContext, v: Verify, wait_ms: int) -> StepResult:
                 rows, failures = _assert_all(ctx, assertions, doc)
                 problem = "; ".join(failures) if failures else None
         if problem is None:
-            return StepResult(passed=True, value=ctx.last_document,
-                              message=f"verify {v.method} {path}: {len(assertions)} assertion(s) held after {attempts} poll(s)",
-                              evidence={"strategy": "http", "attempts": attempts, "assertions": rows, "last": last_ev})
+            return StepResult(
+                passed=True,
+                value=ctx.last_document,
+                message=f"verify {v.method} {path}: {len(assertions)} assertion(s) held after {attempts} poll(s)",
+                evidence={"strategy": "http", "attempts": attempts, "assertions": rows, "last": last_ev},
+            )
         last_problem = problem
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         time.sleep(min(v.interval_ms / 1000, remaining))
-    return StepResult(passed=False, unreachable=sent.response is None and sent.unreachable,
-                      message=f"verify {v.method} {path}: not satisfied within {wait_ms} ms ({attempts} polls): {last_problem}",
-                      evidence={"strategy": "http", "attempts": attempts, "assertions": rows, "last": last_ev})
+    return StepResult(
+        passed=False,
+        unreachable=sent.response is None and sent.unreachable,
+        message=f"verify {v.method} {path}: not satisfied within {wait_ms} ms ({attempts} polls): {last_problem}",
+        evidence={"strategy": "http", "attempts": attempts, "assertions": rows, "last": last_ev},
+    )
 
 
 def _request_timeout(deadline: float) -> float:
@@ -360,14 +427,25 @@ _NOOP_TRIGGERS = frozenset({"noop", "no-op", "no_op", "none", "null", "skip"})
 
 def _is_noop(trigger: Any) -> bool:
     """``{type: noop}`` (and only a type): a trigger that fires nothing."""
-    return (isinstance(trigger, dict) and isinstance(trigger.get("type"), str)
-            and trigger["type"].strip().lower() in _NOOP_TRIGGERS
-            and not any(k in trigger for k in ("path", "url", "endpoint", "command", "cmd", "script")))
+    return (
+        isinstance(trigger, dict)
+        and isinstance(trigger.get("type"), str)
+        and trigger["type"].strip().lower() in _NOOP_TRIGGERS
+        and not any(k in trigger for k in ("path", "url", "endpoint", "command", "cmd", "script"))
+    )
+
 
 class P24Inputs(PrimitiveInputs):
-    trigger: Triggers = Field(default=None, description="What starts the job: {type: http, method, path, body} or {type: exec, command}; a list runs in order")
-    verify: Verify = Field(description="{strategy: db_query, sql, expected_result} or {strategy: http, path, assertions}; polled")
-    max_wait_ms: int = Field(default=DEFAULT_WAIT_MS, ge=0, description="Default polling budget when verify has no max_wait_ms")
+    trigger: Triggers = Field(
+        default=None,
+        description="What starts the job: {type: http, method, path, body} or {type: exec, command}; a list runs in order",
+    )
+    verify: Verify = Field(
+        description="{strategy: db_query, sql, expected_result} or {strategy: http, path, assertions}; polled"
+    )
+    max_wait_ms: int = Field(
+        default=DEFAULT_WAIT_MS, ge=0, description="Default polling budget when verify has no max_wait_ms"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -445,8 +523,10 @@ def _in_raw(expected: Any, views: list[str]) -> str | None:
 
 def _value_matches(expected: Any, actual: Any) -> bool:
     if isinstance(expected, list):
-        return all(_value_matches(e, actual) or (isinstance(actual, list) and any(_value_matches(e, x) for x in actual))
-                   for e in expected)
+        return all(
+            _value_matches(e, actual) or (isinstance(actual, list) and any(_value_matches(e, x) for x in actual))
+            for e in expected
+        )
     numeric = (int, float)
     if isinstance(expected, (bool, *numeric)) and isinstance(actual, (bool, *numeric)):
         return expected == actual and isinstance(expected, bool) == isinstance(actual, bool)
@@ -529,8 +609,11 @@ class DeliveryExpectation(PrimitiveInputs):
         default=None,
         description="dict: each key found in the JSON body is matched by path (nested dicts recurse) and its value "
         "substring-matched against the text of the value there; a key absent from the body (or a non-JSON body) "
-        "falls back to the reference rule: the value must be a substring of the raw body. str or list: substrings of the raw body")
-    headers_contain: dict[str, Any] | None = Field(default=None, description="name (any case) -> substring of the header value; null/'*' = present")
+        "falls back to the reference rule: the value must be a substring of the raw body. str or list: substrings of the raw body",
+    )
+    headers_contain: dict[str, Any] | None = Field(
+        default=None, description="name (any case) -> substring of the header value; null/'*' = present"
+    )
     method: str | None = Field(default="POST", description="Method of the delivery (null: any)")
     path: str | None = Field(default=None, description="Path prefix the delivery must be sent to (default: any path)")
     count: int = Field(default=1, ge=1, description="At least this many matching deliveries")
@@ -556,14 +639,27 @@ class DeliveryExpectation(PrimitiveInputs):
 
 class P27Inputs(PrimitiveInputs):
     source: Literal["receiver", "mock_receiver"] = Field(
-        default="receiver", description="receiver: the run's own receiver ({{webhook_url}}); mock_receiver: read a task's "
-        "mock-receiver service's GET /history at mock_receiver_url")
-    receiver: dict[str, Any] | None = Field(default=None, description="{path}: the delivery path to require; a legacy fixed port is ignored")
-    mock_receiver_url: str | None = Field(default=None, description="mock_receiver: base URL (or the /history URL) of the service; "
-                                          "default: the run variable mock_receiver_url")
-    trigger: Triggers = Field(default=None, description="What makes the app deliver; resolved after the receiver started")
-    expect_delivery: DeliveryExpectation | None = Field(default=None, description="The delivery to wait for (default: any POST)")
-    verify_sql: Any = Field(default=None, description="SQL that must then hold (placeholders bound), polled like P08 retry_ms")
+        default="receiver",
+        description="receiver: the run's own receiver ({{webhook_url}}); mock_receiver: read a task's "
+        "mock-receiver service's GET /history at mock_receiver_url",
+    )
+    receiver: dict[str, Any] | None = Field(
+        default=None, description="{path}: the delivery path to require; a legacy fixed port is ignored"
+    )
+    mock_receiver_url: str | None = Field(
+        default=None,
+        description="mock_receiver: base URL (or the /history URL) of the service; "
+        "default: the run variable mock_receiver_url",
+    )
+    trigger: Triggers = Field(
+        default=None, description="What makes the app deliver; resolved after the receiver started"
+    )
+    expect_delivery: DeliveryExpectation | None = Field(
+        default=None, description="The delivery to wait for (default: any POST)"
+    )
+    verify_sql: Any = Field(
+        default=None, description="SQL that must then hold (placeholders bound), polled like P08 retry_ms"
+    )
     verify_expected: Any = Field(default=None, description="P08 expectation of verify_sql (default: >= 1 row)")
     verify_wait_ms: int = Field(default=DEFAULT_WAIT_MS, ge=0, description="How long verify_sql is polled")
 
@@ -573,9 +669,11 @@ class P27Inputs(PrimitiveInputs):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        legacy = {k: data.pop(k) for k in ("trigger_path", "trigger_method", "trigger_body", "trigger_headers") if k in data}
+        legacy = {
+            k: data.pop(k) for k in ("trigger_path", "trigger_method", "trigger_body", "trigger_headers") if k in data
+        }
         if legacy and "trigger" not in data:
-            data["trigger"] = {k[len("trigger_"):]: v for k, v in legacy.items()}
+            data["trigger"] = {k[len("trigger_") :]: v for k, v in legacy.items()}
             note("trigger_path/method/body/headers -> trigger {...}")
         if "wait_seconds" in data:
             seconds = data.pop("wait_seconds")
@@ -586,7 +684,12 @@ class P27Inputs(PrimitiveInputs):
         rename_aliases(data, "verify_expected", ("verify_expected_result", "expected_result"))
         if isinstance(data.get("source"), str):
             src = data["source"].strip().lower().replace("-", "_")
-            data["source"] = {"mock": "mock_receiver", "history": "mock_receiver", "local": "receiver", "internal": "receiver"}.get(src, src)
+            data["source"] = {
+                "mock": "mock_receiver",
+                "history": "mock_receiver",
+                "local": "receiver",
+                "internal": "receiver",
+            }.get(src, src)
         receiver = data.get("receiver")
         if isinstance(receiver, dict):
             if "port" in receiver:
@@ -603,8 +706,17 @@ class P27Inputs(PrimitiveInputs):
         return self
 
 
-P27_RAW = {"trigger", "trigger_path", "trigger_method", "trigger_body", "trigger_headers", "verify_sql", "verify_expected",
-           "verify_expected_result", "expected_result"}
+P27_RAW = {
+    "trigger",
+    "trigger_path",
+    "trigger_method",
+    "trigger_body",
+    "trigger_headers",
+    "verify_sql",
+    "verify_expected",
+    "verify_expected_result",
+    "expected_result",
+}
 
 
 @primitive("P27", P27Inputs, raw_fields=P27_RAW)
@@ -624,17 +736,30 @@ def webhook_delivery(inputs: P27Inputs, ctx: RunContext) -> StepResult:
         if inputs.verify_expected is None:
             checked = db_check(ctx, inputs.verify_sql, retry_ms=int(_wait_s(ctx, inputs.verify_wait_ms) * 1000))
         else:
-            checked = db_check(ctx, inputs.verify_sql, inputs.verify_expected, retry_ms=int(_wait_s(ctx, inputs.verify_wait_ms) * 1000))
+            checked = db_check(
+                ctx, inputs.verify_sql, inputs.verify_expected, retry_ms=int(_wait_s(ctx, inputs.verify_wait_ms) * 1000)
+            )
         evidence["verify_sql"] = checked.evidence
         if not checked.passed:
-            return StepResult(passed=False, evidence=evidence, message=f"{message + '; ' if message else ''}verify_sql: {checked.message}"
-                              + _trigger_note(evidence.get("triggers", [])))
+            return StepResult(
+                passed=False,
+                evidence=evidence,
+                message=f"{message + '; ' if message else ''}verify_sql: {checked.message}"
+                + _trigger_note(evidence.get("triggers", [])),
+            )
         message = f"{message + '; ' if message else ''}verify_sql: {checked.message}"
     return StepResult(passed=True, message=message, evidence=evidence, value=evidence.get("matched"))
 
 
-def _delivery_check(expect: DeliveryExpectation | None, want_path: str | None, method: str, path: str,
-                    headers: Mapping[str, Any], raw: str, parsed: Any) -> str | None:
+def _delivery_check(
+    expect: DeliveryExpectation | None,
+    want_path: str | None,
+    method: str,
+    path: str,
+    headers: Mapping[str, Any],
+    raw: str,
+    parsed: Any,
+) -> str | None:
     if expect is None:
         return None
     if expect.method and method.upper() != expect.method:
@@ -647,7 +772,9 @@ def _delivery_check(expect: DeliveryExpectation | None, want_path: str | None, m
     return body_mismatch(expect.body_contains, raw, parsed)
 
 
-def _receiver_check(inputs: P27Inputs, ctx: RunContext, want_path: str | None, evidence: dict[str, Any]) -> StepResult | None:
+def _receiver_check(
+    inputs: P27Inputs, ctx: RunContext, want_path: str | None, evidence: dict[str, Any]
+) -> StepResult | None:
     receiver = ensure_webhook_receiver(ctx)
     if want_path:  # {{webhook_url}} points at the path this node requires
         ctx.vars["webhook_url"] = receiver.base_url + "/" + want_path.lstrip("/")
@@ -677,14 +804,20 @@ def _receiver_check(inputs: P27Inputs, ctx: RunContext, want_path: str | None, e
     evidence["deliveries_total"] = len(seen)
     evidence["deliveries"] = [d.as_dict(body_chars=EVIDENCE_BODY_CHARS) for d in seen[:EVIDENCE_ITEMS]]
     if found is None:
-        return StepResult(passed=False, evidence=evidence, message=_no_match_message(
-            len(seen), len(matched), expect, wait, evidence["receiver_url"], reasons) + _trigger_note(trig_ev))
+        return StepResult(
+            passed=False,
+            evidence=evidence,
+            message=_no_match_message(len(seen), len(matched), expect, wait, evidence["receiver_url"], reasons)
+            + _trigger_note(trig_ev),
+        )
     evidence["matched"] = found.as_dict(body_chars=EVIDENCE_BODY_CHARS)
     evidence["_message"] = f"webhook delivered: {found.method} {found.path} matched ({len(seen)} request(s) received)"
     return None
 
 
-def _no_match_message(seen: int, matched: int, expect: DeliveryExpectation, wait: float, where: str, reasons: list[str]) -> str:
+def _no_match_message(
+    seen: int, matched: int, expect: DeliveryExpectation, wait: float, where: str, reasons: list[str]
+) -> str:
     if seen == 0:
         return f"no webhook delivery within {wait:g}s (nothing received at {where})"
     text = f"{seen} request(s) received at {where} within {wait:g}s"
@@ -728,10 +861,14 @@ def _entry_view(entry: Any) -> tuple[str, str, dict[str, Any], str, Any]:
     return method, path, headers, _text(body), body
 
 
-def _mock_receiver_check(inputs: P27Inputs, ctx: RunContext, want_path: str | None, evidence: dict[str, Any]) -> StepResult | None:
+def _mock_receiver_check(
+    inputs: P27Inputs, ctx: RunContext, want_path: str | None, evidence: dict[str, Any]
+) -> StepResult | None:
     base = inputs.mock_receiver_url or ctx.vars.get("mock_receiver_url")
     if not base:
-        return StepResult(passed=False, message="source mock_receiver needs mock_receiver_url (or the run variable mock_receiver_url)")
+        return StepResult(
+            passed=False, message="source mock_receiver needs mock_receiver_url (or the run variable mock_receiver_url)"
+        )
     url = str(base).rstrip("/")
     url = url if url.endswith("/history") else url + "/history"
     evidence["history_url"] = url
@@ -783,13 +920,21 @@ def _mock_receiver_check(inputs: P27Inputs, ctx: RunContext, want_path: str | No
                 else:
                     reasons.append(f"entry {i}: {why}")
         if len(matched) >= expect.count:
-            evidence.update(polls=polls, deliveries_total=len(new), matched=short(matched[0], EVIDENCE_BODY_CHARS),
-                            deliveries=[short(e, EVIDENCE_BODY_CHARS) for e in new[:EVIDENCE_ITEMS]])
+            evidence.update(
+                polls=polls,
+                deliveries_total=len(new),
+                matched=short(matched[0], EVIDENCE_BODY_CHARS),
+                deliveries=[short(e, EVIDENCE_BODY_CHARS) for e in new[:EVIDENCE_ITEMS]],
+            )
             evidence["_message"] = f"webhook delivered: matched in the mock receiver history ({len(new)} new entr(ies))"
             return None
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            evidence.update(polls=polls, deliveries_total=len(new), deliveries=[short(e, EVIDENCE_BODY_CHARS) for e in new[:EVIDENCE_ITEMS]])
+            evidence.update(
+                polls=polls,
+                deliveries_total=len(new),
+                deliveries=[short(e, EVIDENCE_BODY_CHARS) for e in new[:EVIDENCE_ITEMS]],
+            )
             if entries is None:
                 msg = f"mock receiver history unreadable: {problem}"
             else:
@@ -800,8 +945,12 @@ def _mock_receiver_check(inputs: P27Inputs, ctx: RunContext, want_path: str | No
 
 # --- P28 email_check ------------------------------------------------------------------------------
 class MailExpectation(PrimitiveInputs):
-    to: str | None = Field(default=None, description="A recipient (To/Cc/Bcc header or envelope) contains this, case-insensitively")
-    from_: str | None = Field(default=None, alias="from", description="The From address contains this, case-insensitively")
+    to: str | None = Field(
+        default=None, description="A recipient (To/Cc/Bcc header or envelope) contains this, case-insensitively"
+    )
+    from_: str | None = Field(
+        default=None, alias="from", description="The From address contains this, case-insensitively"
+    )
     subject_contains: str | None = Field(default=None, description="Substring of the decoded subject")
     body_contains: str | list[str] | None = Field(default=None, description="Substring(s) of the text (or HTML) body")
     timeout_ms: int = Field(default=DEFAULT_WAIT_MS, ge=0, description="How long to wait for the message")
@@ -819,11 +968,17 @@ class MailExpectation(PrimitiveInputs):
 
 
 class P28Inputs(PrimitiveInputs):
-    trigger: Triggers = Field(default=None, description="What makes the app send the mail; resolved after the sink started")
+    trigger: Triggers = Field(
+        default=None, description="What makes the app send the mail; resolved after the sink started"
+    )
     mailserver_api: str | None = Field(
-        default=None, description="MailHog messages URL (…/api/v2/messages) to read instead of the run's SMTP sink; default: "
-        "the run variable mailserver_api, else the sink ({{smtp_host}}:{{smtp_port}})")
-    expect: MailExpectation = Field(default_factory=MailExpectation, description="{to, from, subject_contains, body_contains, timeout_ms}")
+        default=None,
+        description="MailHog messages URL (…/api/v2/messages) to read instead of the run's SMTP sink; default: "
+        "the run variable mailserver_api, else the sink ({{smtp_host}}:{{smtp_port}})",
+    )
+    expect: MailExpectation = Field(
+        default_factory=MailExpectation, description="{to, from, subject_contains, body_contains, timeout_ms}"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -839,9 +994,11 @@ class P28Inputs(PrimitiveInputs):
             data["expect"] = expect
             note("top-level to/subject/timeout_ms -> expect {...}")
         rename_aliases(data, "mailserver_api", ("mailhog_url", "mailhog_api", "mail_api"))
-        legacy_trigger = {k: data.pop(k) for k in ("trigger_path", "trigger_method", "trigger_body", "trigger_headers") if k in data}
+        legacy_trigger = {
+            k: data.pop(k) for k in ("trigger_path", "trigger_method", "trigger_body", "trigger_headers") if k in data
+        }
         if legacy_trigger and "trigger" not in data:
-            data["trigger"] = {k[len("trigger_"):]: v for k, v in legacy_trigger.items()}
+            data["trigger"] = {k[len("trigger_") :]: v for k, v in legacy_trigger.items()}
             note("trigger_path/method/body/headers -> trigger {...}")
         return data
 
@@ -862,8 +1019,12 @@ def _mail_mismatch(expect: MailExpectation, parsed: Mapping[str, Any]) -> str | 
 
 def _mail_summary(parsed: Mapping[str, Any]) -> dict[str, Any]:
     body = parsed["text"] or parsed["html"]
-    return {"from": parsed["from"], "recipients": parsed["recipients"], "subject": parsed["subject"],
-            "body": body[:EVIDENCE_BODY_CHARS] + ("..." if len(body) > EVIDENCE_BODY_CHARS else "")}
+    return {
+        "from": parsed["from"],
+        "recipients": parsed["recipients"],
+        "subject": parsed["subject"],
+        "body": body[:EVIDENCE_BODY_CHARS] + ("..." if len(body) > EVIDENCE_BODY_CHARS else ""),
+    }
 
 
 def mailhog_parsed(item: Mapping[str, Any]) -> dict[str, Any]:
@@ -875,11 +1036,17 @@ def mailhog_parsed(item: Mapping[str, Any]) -> dict[str, Any]:
         return parse_message(data.encode("utf-8", errors="replace"), str(raw.get("From") or ""), envelope_to)
     content = item.get("Content") if isinstance(item.get("Content"), Mapping) else {}
     headers = content.get("Headers") if isinstance(content.get("Headers"), Mapping) else {}
-    text_headers = "".join(f"{k}: {v}\r\n" for k, vals in headers.items() for v in (vals if isinstance(vals, list) else [vals]))
-    return parse_message((text_headers + "\r\n" + str(content.get("Body") or "")).encode("utf-8", errors="replace"), "", envelope_to)
+    text_headers = "".join(
+        f"{k}: {v}\r\n" for k, vals in headers.items() for v in (vals if isinstance(vals, list) else [vals])
+    )
+    return parse_message(
+        (text_headers + "\r\n" + str(content.get("Body") or "")).encode("utf-8", errors="replace"), "", envelope_to
+    )
 
 
-@primitive("P28", P28Inputs, raw_fields={"trigger", "trigger_path", "trigger_method", "trigger_body", "trigger_headers"})
+@primitive(
+    "P28", P28Inputs, raw_fields={"trigger", "trigger_path", "trigger_method", "trigger_body", "trigger_headers"}
+)
 def email_check(inputs: P28Inputs, ctx: RunContext) -> StepResult:
     """Start the SMTP sink (or read MailHog), fire the trigger, wait for a matching message."""
     api = inputs.mailserver_api or ctx.vars.get("mailserver_api")
@@ -909,13 +1076,20 @@ def email_check(inputs: P28Inputs, ctx: RunContext) -> StepResult:
     evidence["messages"] = [_mail_summary(m.parsed()) for m in seen[:EVIDENCE_ITEMS]]
     if found is None:
         where = f"the SMTP sink {sink.advertise_host}:{sink.port}"
-        msg = (f"no email within {wait:g}s at {where}" if not seen else
-               f"{len(seen)} email(s) at {where} within {wait:g}s, none matched: " + "; ".join(reasons[:3]))
+        msg = (
+            f"no email within {wait:g}s at {where}"
+            if not seen
+            else f"{len(seen)} email(s) at {where} within {wait:g}s, none matched: " + "; ".join(reasons[:3])
+        )
         return StepResult(passed=False, evidence=evidence, message=msg + _trigger_note(trig_ev))
     summary = _mail_summary(found.parsed())
     evidence["matched"] = summary
-    return StepResult(passed=True, evidence=evidence, value=summary,
-                      message=f"email to {', '.join(summary['recipients'])} with subject {summary['subject']!r} received")
+    return StepResult(
+        passed=True,
+        evidence=evidence,
+        value=summary,
+        message=f"email to {', '.join(summary['recipients'])} with subject {summary['subject']!r} received",
+    )
 
 
 def _mailhog_check(ctx: RunContext, api: str, inputs: P28Inputs, evidence: dict[str, Any]) -> StepResult:
@@ -928,7 +1102,10 @@ def _mailhog_check(ctx: RunContext, api: str, inputs: P28Inputs, evidence: dict[
         body = sent.response.body
         items = body.get("items") if isinstance(body, dict) else body if isinstance(body, list) else None
         if sent.response.status != 200 or not isinstance(items, list):
-            return None, f"GET {api} -> {sent.response.status}, not a MailHog message list: {excerpt(sent.response.text, 200)}"
+            return (
+                None,
+                f"GET {api} -> {sent.response.status}, not a MailHog message list: {excerpt(sent.response.text, 200)}",
+            )
         return [i for i in items if isinstance(i, Mapping)], ""
 
     def key(item: Mapping[str, Any]) -> str:
@@ -958,12 +1135,18 @@ def _mailhog_check(ctx: RunContext, api: str, inputs: P28Inputs, evidence: dict[
             if why is None:
                 summary = _mail_summary(parsed)
                 evidence.update(polls=polls, messages_total=len(new), matched=summary)
-                return StepResult(passed=True, evidence=evidence, value=summary,
-                                  message=f"email to {', '.join(summary['recipients'])} with subject {summary['subject']!r} found in {api}")
+                return StepResult(
+                    passed=True,
+                    evidence=evidence,
+                    value=summary,
+                    message=f"email to {', '.join(summary['recipients'])} with subject {summary['subject']!r} found in {api}",
+                )
             reasons.append(f"message {i}: {why}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            evidence.update(polls=polls, messages_total=len(new), messages=[_mail_summary(p) for p in new[:EVIDENCE_ITEMS]])
+            evidence.update(
+                polls=polls, messages_total=len(new), messages=[_mail_summary(p) for p in new[:EVIDENCE_ITEMS]]
+            )
             if items is None:
                 msg = f"mail server API unreadable: {problem}"
             elif not new:
@@ -975,7 +1158,16 @@ def _mailhog_check(ctx: RunContext, api: str, inputs: P28Inputs, evidence: dict[
 
 
 # --- P_INGEST event_ingest ------------------------------------------------------------------------
-MCP_KEYS = ("entityType", "entityUrn", "aspectName", "changeType", "aspectValue", "aspect", "entityKeyAspect", "systemMetadata")
+MCP_KEYS = (
+    "entityType",
+    "entityUrn",
+    "aspectName",
+    "changeType",
+    "aspectValue",
+    "aspect",
+    "entityKeyAspect",
+    "systemMetadata",
+)
 
 
 class IngestInputs(HttpFields):
@@ -995,18 +1187,35 @@ class IngestInputs(HttpFields):
     "expected": "{{ingest_count}}"}``.
     """
 
-    endpoint: str | None = Field(description="Ingestion path (e.g. /api/event, /api/send, /capture) or absolute URL; "
-                                 "null only for a metadata-change proposal that names none (fails at run time)")
+    endpoint: str | None = Field(
+        description="Ingestion path (e.g. /api/event, /api/send, /capture) or absolute URL; "
+        "null only for a metadata-change proposal that names none (fails at run time)"
+    )
     method: str = Field(default="POST", description="HTTP method of each send")
-    events: list[Any] = Field(min_length=1, description="Event payloads (objects -> JSON, strings verbatim); placeholders allowed")
-    batch: bool = Field(default=False, description="Send all events in one request: a JSON array (or {batch_key: [...]}); strings as NDJSON")
-    batch_key: str | None = Field(default=None, description="With batch: wrap the list as {batch_key: [...]}, e.g. 'batch' or 'events'")
+    events: list[Any] = Field(
+        min_length=1, description="Event payloads (objects -> JSON, strings verbatim); placeholders allowed"
+    )
+    batch: bool = Field(
+        default=False,
+        description="Send all events in one request: a JSON array (or {batch_key: [...]}); strings as NDJSON",
+    )
+    batch_key: str | None = Field(
+        default=None, description="With batch: wrap the list as {batch_key: [...]}, e.g. 'batch' or 'events'"
+    )
     repeat: int = Field(default=1, ge=1, le=10000, description="Send the events (or the batch) this many times")
-    headers: dict[str, str] | None = Field(default=None, description="Request headers (e.g. User-Agent, X-Forwarded-For); when given the identity's auth is not sent")
+    headers: dict[str, str] | None = Field(
+        default=None,
+        description="Request headers (e.g. User-Agent, X-Forwarded-For); when given the identity's auth is not sent",
+    )
     skip_auth: bool = Field(default=False, description="Send no auth (trackers are usually public)")
     expect_status: Statuses = Field(default_factory=list, description="Status code(s) each send must get (default 2xx)")
-    verify: Verify | None = Field(default=None, description="Check the events were counted: {strategy: http, path, assertions} or {strategy: db_query, sql, expected_result}")
-    max_wait_ms: int = Field(default=DEFAULT_WAIT_MS, ge=0, description="Polling budget of verify (aggregation may lag)")
+    verify: Verify | None = Field(
+        default=None,
+        description="Check the events were counted: {strategy: http, path, assertions} or {strategy: db_query, sql, expected_result}",
+    )
+    max_wait_ms: int = Field(
+        default=DEFAULT_WAIT_MS, ge=0, description="Polling budget of verify (aggregation may lag)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1030,20 +1239,26 @@ class IngestInputs(HttpFields):
             note(f"metadata-change proposal ({', '.join(proposal)}) -> events: [proposal]")
             if "endpoint" not in data:
                 data["endpoint"] = None
-                warn("a metadata-change proposal without an ingestion endpoint: the DAG does not say where to send it "
-                     "(the reference harness's task code did), so the step fails at run time", "endpoint")
+                warn(
+                    "a metadata-change proposal without an ingestion endpoint: the DAG does not say where to send it "
+                    "(the reference harness's task code did), so the step fails at run time",
+                    "endpoint",
+                )
         else:
             data.update(proposal)  # next to events: left for the unknown-key warning
         return data
-
 
 
 @primitive("P_INGEST", IngestInputs, raw_fields={"events", "event", "payloads", "payload", "body", "data", "verify"})
 def event_ingest(inputs: IngestInputs, ctx: RunContext) -> StepResult:
     """Send analytics events to the ingestion endpoint, then verify they were counted (API or SQL)."""
     if inputs.endpoint is None:
-        return StepResult(passed=False, message="no ingestion endpoint: the DAG gives a metadata-change proposal but not "
-                          "where to send it (see the loader warning)", evidence={"events": inputs.events})
+        return StepResult(
+            passed=False,
+            message="no ingestion endpoint: the DAG gives a metadata-change proposal but not "
+            "where to send it (see the loader warning)",
+            evidence={"events": inputs.events},
+        )
     now = time.time()
     ctx.capture("ingest_id", uuid.uuid4().hex[:12])
     ctx.capture("ingest_ts", int(now))
@@ -1087,20 +1302,40 @@ def event_ingest(inputs: IngestInputs, ctx: RunContext) -> StepResult:
         if failures and unreachable:
             break
     ctx.capture("ingest_count", accepted)
-    evidence: dict[str, Any] = {"ingest_id": ctx.vars["ingest_id"], "events": len(events), "repeat": inputs.repeat,
-                                "batch": inputs.batch, "accepted": accepted, "statuses": dict(statuses), "sends": sends}
+    evidence: dict[str, Any] = {
+        "ingest_id": ctx.vars["ingest_id"],
+        "events": len(events),
+        "repeat": inputs.repeat,
+        "batch": inputs.batch,
+        "accepted": accepted,
+        "statuses": dict(statuses),
+        "sends": sends,
+    }
     expected_count = len(events) * inputs.repeat
     if failures:
-        return StepResult(passed=False, unreachable=unreachable, evidence=evidence,
-                          message=f"{accepted}/{expected_count} events accepted; expected {sorted(inputs.expect_status) or '2xx'}: "
-                          + "; ".join(failures[:3]))
+        return StepResult(
+            passed=False,
+            unreachable=unreachable,
+            evidence=evidence,
+            message=f"{accepted}/{expected_count} events accepted; expected {sorted(inputs.expect_status) or '2xx'}: "
+            + "; ".join(failures[:3]),
+        )
     if inputs.verify is None:
-        return StepResult(passed=True, evidence=evidence, value={"accepted": accepted},
-                          message=f"{accepted} event(s) accepted by {inputs.endpoint}")
+        return StepResult(
+            passed=True,
+            evidence=evidence,
+            value={"accepted": accepted},
+            message=f"{accepted} event(s) accepted by {inputs.endpoint}",
+        )
     checked = run_verify(ctx, inputs.verify, inputs.max_wait_ms)
     evidence["verify"] = checked.evidence
-    return StepResult(passed=checked.passed, unreachable=checked.unreachable, evidence=evidence, value=checked.value,
-                      message=f"{accepted} event(s) accepted by {inputs.endpoint}; verify: {checked.message}")
+    return StepResult(
+        passed=checked.passed,
+        unreachable=checked.unreachable,
+        evidence=evidence,
+        value=checked.value,
+        message=f"{accepted} event(s) accepted by {inputs.endpoint}; verify: {checked.message}",
+    )
 
 
 # --- P30 totp_code -----------------------------------------------------------------------------------
@@ -1108,14 +1343,22 @@ class P30Inputs(PrimitiveInputs):
     """sgdoserd's P30 (defined in its reference primitives.py, not in the paper's table): compute the
     current TOTP code of a secret, e.g. one a previous P08 captured after enrolling a user in MFA."""
 
-    secret: str | None = Field(default=None, description="Base32 TOTP secret ({{placeholders}} allowed); default: the "
-                               "captured value named by secret_context_key")
-    secret_context_key: str = Field(default="mfa_secret", min_length=1, description="Name of the captured value that "
-                                    "holds the secret (read as {{name}}) when 'secret' is not given")
+    secret: str | None = Field(
+        default=None,
+        description="Base32 TOTP secret ({{placeholders}} allowed); default: the "
+        "captured value named by secret_context_key",
+    )
+    secret_context_key: str = Field(
+        default="mfa_secret",
+        min_length=1,
+        description="Name of the captured value that holds the secret (read as {{name}}) when 'secret' is not given",
+    )
     store_as: str = Field(default="mfa_code", min_length=1, description="Capture the code as {{store_as}}")
     step: int = Field(default=30, ge=1, le=3600, description="Time step in seconds (RFC 6238 X)")
     digits: int = Field(default=6, ge=6, le=10, description="Code length")
-    offset: int = Field(default=0, ge=-10, le=10, description="Time steps added to the current one (-1: the previous code)")
+    offset: int = Field(
+        default=0, ge=-10, le=10, description="Time steps added to the current one (-1: the previous code)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -1140,7 +1383,7 @@ def totp(secret: str, *, at: float | None = None, step: int = 30, digits: int = 
     counter = int((time.time() if at is None else at) // step) + offset
     digest = hmac.new(key, struct.pack(">Q", counter), hashlib.sha1).digest()
     start = digest[-1] & 0x0F
-    code = (struct.unpack(">I", digest[start:start + 4])[0] & 0x7FFFFFFF) % (10 ** digits)
+    code = (struct.unpack(">I", digest[start : start + 4])[0] & 0x7FFFFFFF) % (10**digits)
     return str(code).zfill(digits)
 
 
@@ -1153,7 +1396,9 @@ def totp_code(inputs: P30Inputs, ctx: RunContext) -> StepResult:
         try:
             secret = ctx.resolve("{{" + inputs.secret_context_key + "}}")
         except UnresolvedPlaceholder:
-            return StepResult(passed=False, message=f"no TOTP secret: nothing was captured as {{{{{inputs.secret_context_key}}}}}")
+            return StepResult(
+                passed=False, message=f"no TOTP secret: nothing was captured as {{{{{inputs.secret_context_key}}}}}"
+            )
     if not isinstance(secret, str) or not secret.strip():
         return StepResult(passed=False, message=f"no TOTP secret: {source} is {short(secret)}")
     try:
@@ -1161,11 +1406,20 @@ def totp_code(inputs: P30Inputs, ctx: RunContext) -> StepResult:
     except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
         return StepResult(passed=False, message=f"TOTP secret from {source} is not base32: {exc}")
     ctx.capture(inputs.store_as, code)
-    return StepResult(passed=True, message=f"TOTP code captured as {{{{{inputs.store_as}}}}} ({inputs.digits} digits)",
-                      value={"store_as": inputs.store_as, "digits": inputs.digits},
-                      evidence={"secret_from": source, "store_as": inputs.store_as, "step": inputs.step, "digits": inputs.digits})
+    return StepResult(
+        passed=True,
+        message=f"TOTP code captured as {{{{{inputs.store_as}}}}} ({inputs.digits} digits)",
+        value={"store_as": inputs.store_as, "digits": inputs.digits},
+        evidence={"secret_from": source, "store_as": inputs.store_as, "step": inputs.step, "digits": inputs.digits},
+    )
 
 
 # P30 is not in the paper's table (no catalogue entry): registered with its name and group
-REGISTRY.register("P30", totp_code, P30Inputs, name="totp_code", group="auth",
-                  description="Compute the current TOTP code (RFC 6238) of a secret and capture it (sgdoserd)")
+REGISTRY.register(
+    "P30",
+    totp_code,
+    P30Inputs,
+    name="totp_code",
+    group="auth",
+    description="Compute the current TOTP code (RFC 6238) of a secret and capture it (sgdoserd)",
+)

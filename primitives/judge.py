@@ -52,8 +52,18 @@ from saasbench.services.judge import (
     screenshot_evidence,
 )
 
-EvidenceType = Literal["code_files", "http_response_body", "http_response_html", "rendered_dom", "screenshot", "logs",
-                       "http_exchanges", "http_response_headers", "db_query_result", "directory_listing"]
+EvidenceType = Literal[
+    "code_files",
+    "http_response_body",
+    "http_response_html",
+    "rendered_dom",
+    "screenshot",
+    "logs",
+    "http_exchanges",
+    "http_response_headers",
+    "db_query_result",
+    "directory_listing",
+]
 # Evidence types DAGs name that this engine does not collect: the step loads (with a warning) and
 # is reported judge-skipped at run time (SKIPPED_LLM, excluded from totals) instead of guessing.
 UNCOLLECTED_EVIDENCE = {"logs"}
@@ -67,11 +77,21 @@ def _combined_evidence(kind: str, has_files: bool) -> str | None:
     if has_files and any(p == "code_files" or "code" in p or "file" in p for p in parts):
         return "code_files"
     return next((p for p in parts if p in _EVIDENCE_TYPES and p not in UNCOLLECTED_EVIDENCE), None)
+
+
 _EVIDENCE_ALIASES = {
-    "codebase": "code_files", "code": "code_files", "files": "code_files", "source_code": "code_files",
-    "last_body": "http_response_body", "response_body": "http_response_body", "api_response": "http_response_body",
-    "http_response": "http_response_body", "last_response": "http_response_body",
-    "html": "http_response_html", "dom": "rendered_dom", "screenshots": "screenshot",
+    "codebase": "code_files",
+    "code": "code_files",
+    "files": "code_files",
+    "source_code": "code_files",
+    "last_body": "http_response_body",
+    "response_body": "http_response_body",
+    "api_response": "http_response_body",
+    "http_response": "http_response_body",
+    "last_response": "http_response_body",
+    "html": "http_response_html",
+    "dom": "rendered_dom",
+    "screenshots": "screenshot",
     # what each public family's reference collects under its own name (docs/dag-semantics.md "P17 evidence types")
     "http_response_json": "http_response_body",  # lgzivily, rjhcjrst, jzssnoqp: the last response's JSON body
     "multi_endpoint_responses": "http_response_body",  # lgzivily: only the last response's body preview
@@ -84,9 +104,12 @@ _EVIDENCE_ALIASES = {
 }
 DEFAULT_SCORE_RANGE = (0.0, 5.0)  # the reference harness's default, used only when nothing else tells
 _RUBRIC_RANGE_RE = re.compile(
-    r"(?i)\b(?:score|scores|scoring|range|rate|points?)\b[^0-9\n]{0,24}?(0)\s*(?:-|–|—|\.\.|to)\s*(\d+(?:\.\d+)?)\b")
+    r"(?i)\b(?:score|scores|scoring|range|rate|points?)\b[^0-9\n]{0,24}?(0)\s*(?:-|–|—|\.\.|to)\s*(\d+(?:\.\d+)?)\b"
+)
 RAW_REPLY_EXCERPT = 500
-RAW_FIELDS = frozenset({"rubric_prompt", "prompt", "rubric"})  # rubric text is sent verbatim, never placeholder-resolved
+RAW_FIELDS = frozenset(
+    {"rubric_prompt", "prompt", "rubric"}
+)  # rubric text is sent verbatim, never placeholder-resolved
 
 
 def _score_range(value: Any) -> Any:
@@ -111,25 +134,48 @@ def _score_range(value: Any) -> Any:
 
 
 class P17Inputs(PrimitiveInputs):
-    rubric_prompt: str = Field(min_length=1, description="The rubric (aliases: prompt, rubric); sent verbatim as the user message's Rubric section")
+    rubric_prompt: str = Field(
+        min_length=1,
+        description="The rubric (aliases: prompt, rubric); sent verbatim as the user message's Rubric section",
+    )
     score_range: tuple[float, float] | None = Field(
-        default=None, description="[lo, hi] of the judge's score (aliases: max_score/maxScore n -> [0, n]); "
-        "default [0, node maxScore]")
-    evidence_type: EvidenceType = Field(default="code_files", description="What the judge sees (alias evidence_source; codebase -> code_files, last_body -> http_response_body)")
-    files_to_sample: list[str] = Field(default_factory=list, description="code_files entries: files, dirs, globs (src/**/*.ts) or keyword:<word>; "
-                                       "none = whole workspace (alias evidence_files)")
-    sample_strategy: str = Field(default="head", description="head (also first, structure_and_key_files) or tail: which part of each file")
+        default=None,
+        description="[lo, hi] of the judge's score (aliases: max_score/maxScore n -> [0, n]); "
+        "default [0, node maxScore]",
+    )
+    evidence_type: EvidenceType = Field(
+        default="code_files",
+        description="What the judge sees (alias evidence_source; codebase -> code_files, last_body -> http_response_body)",
+    )
+    files_to_sample: list[str] = Field(
+        default_factory=list,
+        description="code_files entries: files, dirs, globs (src/**/*.ts) or keyword:<word>; "
+        "none = whole workspace (alias evidence_files)",
+    )
+    sample_strategy: str = Field(
+        default="head", description="head (also first, structure_and_key_files) or tail: which part of each file"
+    )
     max_files: int = Field(default=MAX_FILES, ge=1, description="Files sampled at most (alias sample_limit)")
     per_file_chars: int = Field(default=PER_FILE_CHARS, ge=100, description="Characters per file at most")
-    total_chars: int = Field(default=TOTAL_CHARS, ge=500, description="Characters of evidence at most (aliases evidence_prompt_budget, max_evidence_chars)")
-    extensions: list[str] | None = Field(default=None, description="Only files with these extensions from dirs/globs/keywords")
+    total_chars: int = Field(
+        default=TOTAL_CHARS,
+        ge=500,
+        description="Characters of evidence at most (aliases evidence_prompt_budget, max_evidence_chars)",
+    )
+    extensions: list[str] | None = Field(
+        default=None, description="Only files with these extensions from dirs/globs/keywords"
+    )
     max_images: int = Field(default=MAX_IMAGES, ge=1, description="screenshot: the latest N screenshots are sent")
     rubric_id: str | None = Field(default=None, description="Rubric identifier (R01...), recorded with the call")
-    api_path_filters: list[str] = Field(default_factory=list, description="http_exchanges: only exchanges whose path contains "
-                                        "one of these (all when none does)")
+    api_path_filters: list[str] = Field(
+        default_factory=list,
+        description="http_exchanges: only exchanges whose path contains one of these (all when none does)",
+    )
     max_exchanges: int = Field(default=20, ge=1, description="http_exchanges: the newest N exchanges")
-    base_dir: str = Field(default=".", description="directory_listing: the folder listed ('/app' and '/app/x' are the workspace "
-                          "root and x)")
+    base_dir: str = Field(
+        default=".",
+        description="directory_listing: the folder listed ('/app' and '/app/x' are the workspace root and x)",
+    )
     depth: int = Field(default=2, ge=1, le=6, description="directory_listing: levels listed")
 
     @model_validator(mode="before")
@@ -160,15 +206,23 @@ class P17Inputs(PrimitiveInputs):
                 chosen = _combined_evidence(canon, bool(data.get("files_to_sample")))
                 if chosen is not None:
                     data["evidence_type"] = canon = chosen
-                    warn(f"evidence_type {kind!r} asks for several kinds of evidence; the judge gets one: {chosen} "
-                         f"({'the files_to_sample' if chosen == 'code_files' else 'the first kind this engine collects'})",
-                         "evidence_type")
+                    warn(
+                        f"evidence_type {kind!r} asks for several kinds of evidence; the judge gets one: {chosen} "
+                        f"({'the files_to_sample' if chosen == 'code_files' else 'the first kind this engine collects'})",
+                        "evidence_type",
+                    )
             if canon in UNCOLLECTED_EVIDENCE and str(kind).strip().lower() == "container_logs":
-                warn("evidence_type 'container_logs' judges the log text the xayqujrv reference's P21 step kept; this "
-                     "engine's P21 keeps no log text: the step is reported judge-skipped at run time", "evidence_type")
+                warn(
+                    "evidence_type 'container_logs' judges the log text the xayqujrv reference's P21 step kept; this "
+                    "engine's P21 keeps no log text: the step is reported judge-skipped at run time",
+                    "evidence_type",
+                )
             elif canon in UNCOLLECTED_EVIDENCE:  # ychlukjm DOC_LLM_LOGGING_QUALITY: P12 prints logs, then P17 'logs'
-                warn(f"evidence_type {canon!r} is collected by no reference harness family (code_files, http_response_body, "
-                     "http_response_html, rendered_dom, screenshot): the step is reported judge-skipped at run time", "evidence_type")
+                warn(
+                    f"evidence_type {canon!r} is collected by no reference harness family (code_files, http_response_body, "
+                    "http_response_html, rendered_dom, screenshot): the step is reported judge-skipped at run time",
+                    "evidence_type",
+                )
         for key in ("max_score", "maxScore"):
             if key in data:
                 value = data.pop(key)
@@ -177,10 +231,12 @@ class P17Inputs(PrimitiveInputs):
                     note(f"'{key}' -> 'score_range' [0, n]")
         if "score_range" in data:
             data["score_range"] = _score_range(data["score_range"])
-        for key, target, what in (("evidence_files", "files_to_sample", "'evidence_files' -> 'files_to_sample'"),
-                                  ("sample_limit", "max_files", "'sample_limit' -> 'max_files'"),
-                                  ("evidence_prompt_budget", "total_chars", "'evidence_prompt_budget' -> 'total_chars'"),
-                                  ("max_evidence_chars", "total_chars", "'max_evidence_chars' -> 'total_chars'")):
+        for key, target, what in (
+            ("evidence_files", "files_to_sample", "'evidence_files' -> 'files_to_sample'"),
+            ("sample_limit", "max_files", "'sample_limit' -> 'max_files'"),
+            ("evidence_prompt_budget", "total_chars", "'evidence_prompt_budget' -> 'total_chars'"),
+            ("max_evidence_chars", "total_chars", "'max_evidence_chars' -> 'total_chars'"),
+        ):
             if key in data:
                 value = data.pop(key)
                 if target not in data:
@@ -193,7 +249,7 @@ class P17Inputs(PrimitiveInputs):
             data["api_path_filters"] = [data["api_path_filters"]]
         base = data.get("base_dir")
         if isinstance(base, str) and (base.strip() == "/app" or base.strip().startswith("/app/")):
-            data["base_dir"] = base.strip()[len("/app"):].lstrip("/") or "."  # iyjruvfz: /app is the workspace
+            data["base_dir"] = base.strip()[len("/app") :].lstrip("/") or "."  # iyjruvfz: /app is the workspace
             note(f"base_dir {base!r} -> {data['base_dir']!r} (the app's /app is the workspace)")
         return data
 
@@ -243,8 +299,13 @@ def gather_evidence(inputs: P17Inputs, ctx: RunContext) -> Evidence | NoEvidence
     if kind == "http_exchanges":
         log = getattr(ctx, "response_log", None)
         responses = list(log) if log is not None else [ctx.last_response]
-        return exchanges_evidence(responses, path_filters=inputs.api_path_filters, max_exchanges=inputs.max_exchanges,
-                                  total_chars=inputs.total_chars, whole_log=log is not None)
+        return exchanges_evidence(
+            responses,
+            path_filters=inputs.api_path_filters,
+            max_exchanges=inputs.max_exchanges,
+            total_chars=inputs.total_chars,
+            whole_log=log is not None,
+        )
     if kind == "http_response_headers":  # gavmyneb: the headers, then the files_to_sample (CSP/CSRF config) when given
         got = headers_evidence(ctx.last_response, total_chars=inputs.total_chars)
         if isinstance(got, NoEvidence) or not inputs.files_to_sample:
@@ -252,7 +313,11 @@ def gather_evidence(inputs: P17Inputs, ctx: RunContext) -> Evidence | NoEvidence
         code = _code(inputs, ctx, max(500, inputs.total_chars - len(got.text) - 40))
         if isinstance(code, NoEvidence):
             return got
-        return Evidence(text=got.text + "\n\n## Source files\n" + code.text, kind=kind, summary={**got.summary, "code": code.summary})
+        return Evidence(
+            text=got.text + "\n\n## Source files\n" + code.text,
+            kind=kind,
+            summary={**got.summary, "code": code.summary},
+        )
     if kind == "db_query_result":
         return rows_evidence(ctx.last_document, total_chars=inputs.total_chars)
     if kind == "directory_listing":
@@ -264,13 +329,16 @@ def gather_evidence(inputs: P17Inputs, ctx: RunContext) -> Evidence | NoEvidence
         return listing_evidence(ws, inputs.base_dir, depth=inputs.depth, total_chars=inputs.total_chars)
     dom = _latest(ctx, "rendered_dom")
     if kind == "rendered_dom":
-        return dom_evidence(dom if isinstance(dom, str) else None, fallback=ctx.last_response, total_chars=inputs.total_chars)
+        return dom_evidence(
+            dom if isinstance(dom, str) else None, fallback=ctx.last_response, total_chars=inputs.total_chars
+        )
     shots = _latest(ctx, "screenshots")
     if isinstance(shots, str):
         shots = [shots]
     paths = [str(p) for p in shots] if isinstance(shots, (list, tuple)) else []
-    return screenshot_evidence(paths, dom=dom if isinstance(dom, str) else None, max_images=inputs.max_images,
-                               total_chars=inputs.total_chars)
+    return screenshot_evidence(
+        paths, dom=dom if isinstance(dom, str) else None, max_images=inputs.max_images, total_chars=inputs.total_chars
+    )
 
 
 def _code(inputs: P17Inputs, ctx: RunContext, total_chars: int) -> Evidence | NoEvidence:
@@ -279,9 +347,17 @@ def _code(inputs: P17Inputs, ctx: RunContext, total_chars: int) -> Evidence | No
     ws = workspace_for(ctx)
     if isinstance(ws, str):
         return NoEvidence(f"no evidence: {ws}")
-    return code_evidence(ws, inputs.files_to_sample, inputs.rubric_prompt, per_file_chars=inputs.per_file_chars,
-                         total_chars=total_chars, max_files=inputs.max_files, extensions=inputs.extensions,
-                         strategy=inputs.sample_strategy, remaining=ctx.remaining)
+    return code_evidence(
+        ws,
+        inputs.files_to_sample,
+        inputs.rubric_prompt,
+        per_file_chars=inputs.per_file_chars,
+        total_chars=total_chars,
+        max_files=inputs.max_files,
+        extensions=inputs.extensions,
+        strategy=inputs.sample_strategy,
+        remaining=ctx.remaining,
+    )
 
 
 def _latest(ctx: RunContext, name: str) -> Any:
@@ -299,18 +375,31 @@ def llm_judge(inputs: P17Inputs, ctx: RunContext) -> StepResult:
         why = "no judge model configured" if judge is None else "judge turned off for this run"
         return StepResult(passed=False, judge_skipped=True, message=f"judge disabled ({why})")
     if inputs.evidence_type in UNCOLLECTED_EVIDENCE:
-        return StepResult(passed=False, judge_skipped=True,
-                          message=f"evidence_type {inputs.evidence_type!r} is not collected by this engine (judge skipped)")
+        return StepResult(
+            passed=False,
+            judge_skipped=True,
+            message=f"evidence_type {inputs.evidence_type!r} is not collected by this engine (judge skipped)",
+        )
     told, handed, range_source = resolve_range(inputs, ctx)
 
     evidence = gather_evidence(inputs, ctx)
     if isinstance(evidence, NoEvidence):
-        return StepResult(passed=False, unreachable=evidence.unreachable, message=evidence.message,
-                          evidence={"evidence_type": inputs.evidence_type})
+        return StepResult(
+            passed=False,
+            unreachable=evidence.unreachable,
+            message=evidence.message,
+            evidence={"evidence_type": inputs.evidence_type},
+        )
 
     tags = {"rubric_id": inputs.rubric_id, "evidence_type": inputs.evidence_type, "task_id": ctx.target.task_id}
-    verdict = judge.score(inputs.rubric_prompt, evidence.text, told, images=evidence.images,
-                          tags={k: v for k, v in tags.items() if v is not None}, deadline_s=ctx.remaining())
+    verdict = judge.score(
+        inputs.rubric_prompt,
+        evidence.text,
+        told,
+        images=evidence.images,
+        tags={k: v for k, v in tags.items() if v is not None},
+        deadline_s=ctx.remaining(),
+    )
     record: dict[str, Any] = {
         "model": verdict.model,
         "prompt_hash": verdict.prompt_hash,
@@ -332,11 +421,19 @@ def llm_judge(inputs: P17Inputs, ctx: RunContext) -> StepResult:
         record.update(votes=verdict.votes, spread=verdict.spread)
     if not verdict.ok:
         record["error"] = verdict.error
-        return StepResult(passed=False, judge_skipped=True, message=f"judge unavailable: {verdict.error}", evidence=record)
+        return StepResult(
+            passed=False, judge_skipped=True, message=f"judge unavailable: {verdict.error}", evidence=record
+        )
 
     score = float(verdict.score)  # type: ignore[arg-type]
     lo, hi = told
     reason = f": {verdict.reasoning[:200]}" if verdict.reasoning else ""
     message = f"judge score {score:g} on [{lo:g}, {hi:g}]{' (cached)' if verdict.cached else ''}{reason}"
-    return StepResult(passed=score > 0, judge_score=score, judge_range=handed, message=message, evidence=record,
-                      value={"score": score, "score_range": [lo, hi], "reasoning": verdict.reasoning})
+    return StepResult(
+        passed=score > 0,
+        judge_score=score,
+        judge_range=handed,
+        message=message,
+        evidence=record,
+        value={"score": score, "score_range": [lo, hi], "reasoning": verdict.reasoning},
+    )

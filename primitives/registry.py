@@ -61,7 +61,12 @@ class PrimitiveSpec:
 # The paper's Table 12 (and the codes the public DAGs use), with names and groups.
 _CATALOGUE: list[tuple[str, str, Group, str]] = [
     ("P01", "file_exists", "file", "A file or directory exists in the workspace"),
-    ("P02", "file_content_match", "file", "A workspace file (or any file under a directory) contains a substring or regex"),
+    (
+        "P02",
+        "file_content_match",
+        "file",
+        "A workspace file (or any file under a directory) contains a substring or regex",
+    ),
     ("P03", "file_count", "file", "At least N workspace files match a glob"),
     ("P04", "http_request", "http", "Send an HTTP request as the active identity; passes when a response arrives"),
     ("P05", "api_crud", "http", "Create -> read -> update -> delete round trip on a REST resource"),
@@ -160,7 +165,13 @@ class Registry:
 REGISTRY = Registry()
 
 
-def primitive(code: str, inputs: type[PrimitiveInputs], *, raw_fields: frozenset[str] | set[str] = frozenset(), description: str | None = None):
+def primitive(
+    code: str,
+    inputs: type[PrimitiveInputs],
+    *,
+    raw_fields: frozenset[str] | set[str] = frozenset(),
+    description: str | None = None,
+):
     """Decorator: ``@primitive("P04", P04Inputs)`` registers a function for a code."""
 
     def wrap(fn):

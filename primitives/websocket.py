@@ -65,8 +65,23 @@ from saasbench.services.browser import allowed_hosts_for, url_allowed
 MAX_MESSAGES = 500
 MAX_TEXT = 200_000  # chars of received text kept (and searched)
 EVIDENCE_CHARS = 400  # per message in the evidence transcript
-_STEP_KEYS = frozenset({"send", "expect", "expect_any", "expect_regex", "timeout_ms", "description", "comment", "name",
-                        "expect_json", "expect_json_keys", "within_first", "expect_any_message", "http"})
+_STEP_KEYS = frozenset(
+    {
+        "send",
+        "expect",
+        "expect_any",
+        "expect_regex",
+        "timeout_ms",
+        "description",
+        "comment",
+        "name",
+        "expect_json",
+        "expect_json_keys",
+        "within_first",
+        "expect_any_message",
+        "http",
+    }
+)
 FIRST_EVENTS = 3  # 'expect_first_event': the event must be among the first N messages (the reference reads events[:3])
 
 
@@ -91,7 +106,7 @@ def _normalise_exchange(raw: Any, where: str | None) -> Any:
         if "timeout_ms" in message and "timeout_ms" not in data:
             data["timeout_ms"] = message["timeout_ms"]
         match = message.get("match", {k: v for k, v in message.items() if k != "timeout_ms"})
-        for key, value in (match.items() if isinstance(match, dict) else []):
+        for key, value in match.items() if isinstance(match, dict) else []:
             if key in ("content_contains", "contains", "text", "content"):
                 data.setdefault("expect", value)
             elif key in ("content_regex", "regex", "matches", "pattern"):
@@ -128,15 +143,23 @@ class WsStep(BaseModel):
     expect_any: list[str] | None = Field(default=None, description="Wait until the received text contains one of these")
     expect_regex: str | None = Field(default=None, description="Wait until the received text matches this regex")
     timeout_ms: float | None = Field(default=None, gt=0, description="How long this expectation may wait")
-    expect_json: dict[str, Any] | None = Field(default=None, description="Wait for a message that parses as a JSON "
-                                               "object containing these values (nested objects match as subsets)")
-    expect_json_keys: list[str] | None = Field(default=None, description="Dotted paths that must exist in that JSON "
-                                               "message (e.g. data.post)")
-    within_first: int | None = Field(default=None, ge=1, description="The JSON message must be among the first N "
-                                     "messages received on the connection")
+    expect_json: dict[str, Any] | None = Field(
+        default=None,
+        description="Wait for a message that parses as a JSON "
+        "object containing these values (nested objects match as subsets)",
+    )
+    expect_json_keys: list[str] | None = Field(
+        default=None, description="Dotted paths that must exist in that JSON message (e.g. data.post)"
+    )
+    within_first: int | None = Field(
+        default=None, ge=1, description="The JSON message must be among the first N messages received on the connection"
+    )
     expect_any_message: bool = Field(default=False, description="Wait until the app has sent at least one message")
-    http: Trigger | None = Field(default=None, description="Send this HTTP request (as the active identity, like a P24 "
-                                 "trigger) at this point of the exchange; its response becomes the last response")
+    http: Trigger | None = Field(
+        default=None,
+        description="Send this HTTP request (as the active identity, like a P24 "
+        "trigger) at this point of the exchange; its response becomes the last response",
+    )
     description: str | None = None
     comment: str | None = None
     name: str | None = None
@@ -214,12 +237,16 @@ def _event_dialect(data: dict[str, Any]) -> list[dict[str, Any]]:
         if via in ("session", "token", "bearer", "cookie", "header"):
             note(f"'auth_via: {via}': the active identity's headers and cookies go with the handshake")
         else:
-            warn(f"auth_via {via!r} not understood (ignored): the active identity's headers and cookies go with the handshake",
-                 "auth_via")
+            warn(
+                f"auth_via {via!r} not understood (ignored): the active identity's headers and cookies go with the handshake",
+                "auth_via",
+            )
     steps: list[dict[str, Any]] = []
     if "expect_first_event" in present:
         match, keys = _event_match(present["expect_first_event"], "expect_first_event")
-        steps.append({"expect_json": match, "within_first": FIRST_EVENTS, **({"expect_json_keys": keys} if keys else {})})
+        steps.append(
+            {"expect_json": match, "within_first": FIRST_EVENTS, **({"expect_json_keys": keys} if keys else {})}
+        )
         note(f"'expect_first_event' -> a received JSON message with {match} among the first {FIRST_EVENTS}")
     if sends is not None:
         data.pop("send")
@@ -237,7 +264,10 @@ def _event_dialect(data: dict[str, Any]) -> list[dict[str, Any]]:
             steps.append({"http": {"type": "http", **call}})
             note("'trigger_after_connect.http_call' -> an HTTP request sent while the WebSocket is open")
         else:
-            warn(f"trigger_after_connect {trigger!r} is not {{http_call: {{method, path, body}}}} (ignored)", "trigger_after_connect")
+            warn(
+                f"trigger_after_connect {trigger!r} is not {{http_call: {{method, path, body}}}} (ignored)",
+                "trigger_after_connect",
+            )
     if "expect_event" in present:
         match, keys = _event_match(present["expect_event"], "expect_event")
         steps.append({"expect_json": match, **({"expect_json_keys": keys} if keys else {})})
@@ -251,17 +281,28 @@ def _event_dialect(data: dict[str, Any]) -> list[dict[str, Any]]:
 class P21Inputs(container.P21Inputs):
     """The log check's inputs, plus the WebSocket dialect (selected by ``url``)."""
 
-    pattern: str | None = Field(default=None, description="Log check: text to find (contains/icontains) or a Python "
-                                "regex (regex). Required unless 'url' is given")
-    url: str | None = Field(default=None, description="WebSocket dialect: ws(s):// URL of the app (relative URLs are "
-                            "joined to the base URL)")
+    pattern: str | None = Field(
+        default=None,
+        description="Log check: text to find (contains/icontains) or a Python "
+        "regex (regex). Required unless 'url' is given",
+    )
+    url: str | None = Field(
+        default=None,
+        description="WebSocket dialect: ws(s):// URL of the app (relative URLs are joined to the base URL)",
+    )
     subprotocol: list[str] | None = Field(default=None, description="WebSocket subprotocol(s) to request, e.g. 'xmpp'")
     steps: list[WsStep] = Field(default_factory=list, description="WebSocket dialect: the exchange, in order")
-    timeout_ms: float = Field(default=10000, gt=0, description="WebSocket dialect: budget for the whole exchange "
-                              "(bounded by the node deadline)")
+    timeout_ms: float = Field(
+        default=10000,
+        gt=0,
+        description="WebSocket dialect: budget for the whole exchange (bounded by the node deadline)",
+    )
     headers: dict[str, str] = Field(default_factory=dict, description="WebSocket dialect: extra handshake headers")
-    expect_connected: bool = Field(default=True, description="WebSocket dialect: false = the app must refuse the "
-                                   "handshake (it answers, but does not open a WebSocket)")
+    expect_connected: bool = Field(
+        default=True,
+        description="WebSocket dialect: false = the app must refuse the "
+        "handshake (it answers, but does not open a WebSocket)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -285,11 +326,16 @@ class P21Inputs(container.P21Inputs):
         for key in ("timeout", "timeout_s"):
             if key in data and "timeout_ms" not in data:
                 value = data.pop(key)
-                data["timeout_ms"] = value * 1000 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+                data["timeout_ms"] = (
+                    value * 1000 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+                )
                 note(f"'{key}' (seconds) -> 'timeout_ms'")
         events = _event_dialect(data)
-        first = {k: data.pop(k) for k in ("send", "expect", "expect_any", "expect_regex", "expect_message", "expect_contains")
-                 if k in data}
+        first = {
+            k: data.pop(k)
+            for k in ("send", "expect", "expect_any", "expect_regex", "expect_message", "expect_contains")
+            if k in data
+        }
         steps = data.get("steps") or []
         if first:
             steps = [first, *steps] if isinstance(steps, list) else [first]
@@ -346,7 +392,9 @@ def _find(buffer: str, step: WsStep) -> tuple[int, str] | None:
 def _json_contains(actual: Any, expected: Any) -> bool:
     """``expected`` holds in ``actual``: objects as subsets (recursively), anything else equal."""
     if isinstance(expected, dict):
-        return isinstance(actual, dict) and all(k in actual and _json_contains(actual[k], v) for k, v in expected.items())
+        return isinstance(actual, dict) and all(
+            k in actual and _json_contains(actual[k], v) for k, v in expected.items()
+        )
     if isinstance(expected, bool) or isinstance(actual, bool):
         return type(expected) is type(actual) and expected == actual
     return actual == expected
@@ -383,9 +431,14 @@ def _cookie_header(identity: Any, url: str) -> str | None:
     if not jar:
         return None
     host = (urlsplit(url).hostname or "").lower()
-    pairs = [f"{c.name}={c.value}" for c in jar
-             if not c.domain or host == c.domain.lstrip(".").lower() or host.endswith("." + c.domain.lstrip(".").lower())
-             or c.domain.lower() in ("localhost", "localhost.local")]
+    pairs = [
+        f"{c.name}={c.value}"
+        for c in jar
+        if not c.domain
+        or host == c.domain.lstrip(".").lower()
+        or host.endswith("." + c.domain.lstrip(".").lower())
+        or c.domain.lower() in ("localhost", "localhost.local")
+    ]
     return "; ".join(pairs) or None
 
 
@@ -400,8 +453,11 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     base = ctx.target.base_url or ctx.vars.get("base_url")
     allowed = allowed_hosts_for(base, url)
     if not url_allowed(url, allowed):
-        return StepResult(passed=False, message=f"refusing to connect to {url!r}: host {urlsplit(url).hostname!r} is not "
-                          f"the app's host ({', '.join(sorted(allowed))})")
+        return StepResult(
+            passed=False,
+            message=f"refusing to connect to {url!r}: host {urlsplit(url).hostname!r} is not "
+            f"the app's host ({', '.join(sorted(allowed))})",
+        )
     budget = ctx.timeout(inputs.timeout_ms / 1000)
     end = time.monotonic() + budget
     headers = dict(inputs.headers)
@@ -414,7 +470,12 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     transcript: list[dict[str, str]] = []
     received: list[str] = []
     results: list[dict[str, Any]] = []
-    evidence: dict[str, Any] = {"url": url, "subprotocol": inputs.subprotocol, "steps": results, "transcript": transcript}
+    evidence: dict[str, Any] = {
+        "url": url,
+        "subprotocol": inputs.subprotocol,
+        "steps": results,
+        "transcript": transcript,
+    }
 
     def finish(passed: bool, message: str, *, unreachable: bool = False) -> StepResult:
         document = {"url": url, "received": received, "text": "".join(received), "passed": passed}
@@ -422,9 +483,16 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
         return StepResult(passed=passed, unreachable=unreachable, message=message, value=document, evidence=evidence)
 
     try:
-        ws = connect(url, subprotocols=inputs.subprotocol or None, additional_headers=headers or None,
-                     open_timeout=max(0.1, min(10.0, end - time.monotonic())), close_timeout=1, proxy=None,
-                     max_size=2 ** 20, compression=None)
+        ws = connect(
+            url,
+            subprotocols=inputs.subprotocol or None,
+            additional_headers=headers or None,
+            open_timeout=max(0.1, min(10.0, end - time.monotonic())),
+            close_timeout=1,
+            proxy=None,
+            max_size=2**20,
+            compression=None,
+        )
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
         detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         no_server = isinstance(exc, (OSError, TimeoutError))
@@ -448,8 +516,12 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
             if step.http is not None:
                 error, fired, unreachable = fire(ctx, step.http, resolve=False)  # the engine resolved the inputs
                 row["http"] = fired[0] if fired else None
-                transcript.append({"http": f"{step.http.method} {step.http.path}"
-                                   + (f" -> {fired[0].get('status')}" if fired and "status" in fired[0] else "")})
+                transcript.append(
+                    {
+                        "http": f"{step.http.method} {step.http.path}"
+                        + (f" -> {fired[0].get('status')}" if fired and "status" in fired[0] else "")
+                    }
+                )
                 if error:
                     row["passed"] = False
                     return finish(False, f"step {index}: {error}", unreachable=unreachable)
@@ -464,7 +536,7 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
                 found = _find_json(received, json_from, step) if step.expects_json() else None
                 if hit is not None and (found is not None or not step.expects_json()):
                     if step.expects_text():
-                        buffer = buffer[hit[0]:]
+                        buffer = buffer[hit[0] :]
                     row.update(passed=True, matched=hit[1] if step.expects_text() else _short(received[found]))
                     if found is not None:
                         json_from = found + 1
@@ -476,11 +548,17 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
                     seen = _short(buffer[-EVIDENCE_CHARS:]) if buffer else "nothing"
                     if step.expects_json() and not step.expects_text():
                         where = f" among the first {step.within_first} messages" if step.within_first else ""
-                        return finish(False, f"step {index}: no message matching {_short(json.dumps(wanted, default=str))} "
-                                      f"received{where} within {(step.timeout_ms or inputs.timeout_ms) / 1000:g}s "
-                                      f"({len(received)} message(s) received; last: {_short(received[-1]) if received else 'none'!r})")
-                    return finish(False, f"step {index}: {wanted!r} not received within "
-                                  f"{(step.timeout_ms or inputs.timeout_ms) / 1000:g}s (unmatched text: {seen!r})")
+                        return finish(
+                            False,
+                            f"step {index}: no message matching {_short(json.dumps(wanted, default=str))} "
+                            f"received{where} within {(step.timeout_ms or inputs.timeout_ms) / 1000:g}s "
+                            f"({len(received)} message(s) received; last: {_short(received[-1]) if received else 'none'!r})",
+                        )
+                    return finish(
+                        False,
+                        f"step {index}: {wanted!r} not received within "
+                        f"{(step.timeout_ms or inputs.timeout_ms) / 1000:g}s (unmatched text: {seen!r})",
+                    )
                 try:
                     message = ws.recv(timeout=left)
                 except TimeoutError:
@@ -502,12 +580,18 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
     met = sum(1 for r in results if r.get("passed"))
-    return finish(True, f"WebSocket {url}: connected, {met}/{len(results)} exchange step(s) done, "
-                  f"{len(received)} message(s) received")
+    return finish(
+        True,
+        f"WebSocket {url}: connected, {met}/{len(results)} exchange step(s) done, {len(received)} message(s) received",
+    )
 
 
-@primitive("P21", P21Inputs, description="A log in the app's environment contains a pattern; with 'url', a scripted "
-           "WebSocket exchange with the app (send / expect)")
+@primitive(
+    "P21",
+    P21Inputs,
+    description="A log in the app's environment contains a pattern; with 'url', a scripted "
+    "WebSocket exchange with the app (send / expect)",
+)
 def log_content_or_websocket(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     """P21: the WebSocket dialect when a ``url`` is given, else the log check of primitives/container.py."""
     if inputs.url is not None:

@@ -19,8 +19,11 @@ def redact_text(text: str, secrets: Any) -> str:
     """``text`` with every occurrence of each secret (a string, or an iterable of them) replaced by
     :data:`MARKER`. Longer secrets first, so one that contains another is masked whole."""
     values: Iterable[Any] = [secrets] if isinstance(secrets, str) or secrets is None else secrets
-    usable = sorted({s for s in values if isinstance(s, str) and len(s) >= MIN_SECRET_LEN and s not in NOT_SECRETS},
-                    key=len, reverse=True)
+    usable = sorted(
+        {s for s in values if isinstance(s, str) and len(s) >= MIN_SECRET_LEN and s not in NOT_SECRETS},
+        key=len,
+        reverse=True,
+    )
     for secret in usable:
         text = text.replace(secret, MARKER)
     return text

@@ -23,19 +23,33 @@ from pgserver import mariadb_server, mongo_server, postgres_server  # noqa: F401
 from s3server import s3_server  # noqa: F401 - shared fixture
 
 FIXTURE_MARKS = {
-    "docker_client": "docker", "busybox_image": "docker", "python_image": "docker", "postgres_image": "docker",
-    "postgres_server": "db", "mariadb_server": "db", "mongo_server": "db",
+    "docker_client": "docker",
+    "busybox_image": "docker",
+    "python_image": "docker",
+    "postgres_image": "docker",
+    "postgres_server": "db",
+    "mariadb_server": "db",
+    "mongo_server": "db",
     "s3_server": "s3",
 }
 MODULE_MARKS = {
-    "test_flows": ("prefect",), "test_limits": ("prefect",), "test_run_lake": ("prefect",),
+    "test_flows": ("prefect",),
+    "test_limits": ("prefect",),
+    "test_run_lake": ("prefect",),
     "test_prefect_server": ("prefect",),
-    "test_auth_html_csrf": ("browser",), "test_browser_dialects": ("browser",), "test_primitives_browser": ("browser",),
+    "test_auth_html_csrf": ("browser",),
+    "test_browser_dialects": ("browser",),
+    "test_primitives_browser": ("browser",),
     "test_report_html": ("browser",),
-    "test_agent_adapters": ("agent_cli",), "test_gateway": ("agent_cli",),
+    "test_agent_adapters": ("agent_cli",),
+    "test_gateway": ("agent_cli",),
     # whole trials, sweeps, reference runs or receivers that wait out negative timeouts (measured: 5-70 s a module)
-    "test_conformance_run": ("slow",), "test_sweep": ("slow",), "test_timetrack_task": ("slow",),
-    "test_validate_reference": ("slow",), "test_agent_builtin": ("slow",), "test_rollout": ("slow",),
+    "test_conformance_run": ("slow",),
+    "test_sweep": ("slow",),
+    "test_timetrack_task": ("slow",),
+    "test_validate_reference": ("slow",),
+    "test_agent_builtin": ("slow",),
+    "test_rollout": ("slow",),
     "test_primitives_integrations": ("slow",),
 }
 # fixtures parametrised over a service: the parameter value that needs it

@@ -12,7 +12,9 @@ from saasbench.primitives.registry import REGISTRY
 
 def load(*steps: dict[str, Any], **node: Any) -> LoadResult:
     """One node with these steps (and node fields); raises DagLoadError on errors."""
-    return load_dag_data({"nodes": [{"id": "N", "steps": list(steps), "scoring": {"method": "binary", "maxScore": 1}, **node}]})
+    return load_dag_data(
+        {"nodes": [{"id": "N", "steps": list(steps), "scoring": {"method": "binary", "maxScore": 1}, **node}]}
+    )
 
 
 def issues(code: str, inputs: dict[str, Any]) -> list[tuple[str, str | None, str]]:

@@ -75,14 +75,33 @@ def _start_dockerd_with(exe: str, root: Path, driver: str) -> tuple[subprocess.P
     sock = root / "docker.sock"
     log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - kept open for the daemon's lifetime
     proc = subprocess.Popen(
-        [exe, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile", str(root / "dockerd.pid"),
-         "-H", f"unix://{sock}", f"--storage-driver={driver}", "--iptables=false", "--ip-masq=false", "--bridge=none"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        [
+            exe,
+            "--data-root",
+            str(root / "data"),
+            "--exec-root",
+            str(root / "exec"),
+            "--pidfile",
+            str(root / "dockerd.pid"),
+            "-H",
+            f"unix://{sock}",
+            f"--storage-driver={driver}",
+            "--iptables=false",
+            "--ip-masq=false",
+            "--bridge=none",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     base_url = f"unix://{sock}"
     end = time.monotonic() + 30
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise DockerUnavailable(f"dockerd exited with {proc.returncode}:\n{(root / 'dockerd.log').read_text()[-3000:]}")
+            raise DockerUnavailable(
+                f"dockerd exited with {proc.returncode}:\n{(root / 'dockerd.log').read_text()[-3000:]}"
+            )
         if sock.exists():
             with contextlib.suppress(Exception):  # not ready yet
                 _ping(base_url)
@@ -172,8 +191,9 @@ def busybox_image(docker_client) -> str:
         docker_client.images.get(BUSYBOX_IMAGE)
     except docker.errors.ImageNotFound:
         repo, tag = BUSYBOX_IMAGE.split(":")
-        docker_client.api.import_image_from_data(busybox_tar(), repository=repo, tag=tag,
-                                                 changes=["ENV PATH=/bin", 'CMD ["/bin/sh"]'])
+        docker_client.api.import_image_from_data(
+            busybox_tar(), repository=repo, tag=tag, changes=["ENV PATH=/bin", 'CMD ["/bin/sh"]']
+        )
     return BUSYBOX_IMAGE
 
 
@@ -206,13 +226,17 @@ def _debian_image(docker_client, image: str, *, extra_packages: str = "", timeou
         pass
     script = REPO / "infra" / "base-image" / "build.sh"
     env = {**os.environ, "IMAGE": image, "EXTRA_PACKAGES": extra_packages}
-    r = subprocess.run(["bash", str(script), "--tar-only"], capture_output=True, text=True, timeout=timeout_s, check=False,
-                       env=env)
+    r = subprocess.run(
+        ["bash", str(script), "--tar-only"], capture_output=True, text=True, timeout=timeout_s, check=False, env=env
+    )
     if r.returncode != 0:
         raise DockerUnavailable(f"{script} --tar-only failed ({r.returncode}):\n{r.stderr[-3000:]}")
     tar = r.stdout.strip().splitlines()[-1]
     repo, tag = image.split(":")
     docker_client.api.import_image_from_file(
-        tar, repository=repo, tag=tag,
-        changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'])
+        tar,
+        repository=repo,
+        tag=tag,
+        changes=["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["bash"]'],
+    )
     return image

@@ -61,15 +61,22 @@ class Reply:
 
     @classmethod
     def error(cls, status: int, message: str = "scripted error", *, retry_after: float | None = None) -> Reply:
-        err_type = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                    404: "not_found_error", 429: "rate_limit_error"}.get(status, "server_error")
+        err_type = {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            403: "permission_error",
+            404: "not_found_error",
+            429: "rate_limit_error",
+        }.get(status, "server_error")
         headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else {}
         body = json.dumps({"error": {"message": message, "type": err_type, "code": status}}).encode()
         return cls(kind="error", status=status, body=body, headers=headers)
 
     @classmethod
     def raw(cls, status: int, body: bytes | str, content_type: str = "text/plain") -> Reply:
-        return cls(kind="raw", status=status, body=body.encode() if isinstance(body, str) else body, content_type=content_type)
+        return cls(
+            kind="raw", status=status, body=body.encode() if isinstance(body, str) else body, content_type=content_type
+        )
 
     @classmethod
     def slow(cls, content: str, delay_s: float) -> Reply:
@@ -98,8 +105,13 @@ class FakeLLM:
 
     model_id = "fake"
 
-    def __init__(self, replies: Iterable[Reply] = (), *, default: Reply | None = None,
-                 responder: Callable[[Request], Reply] | None = None):
+    def __init__(
+        self,
+        replies: Iterable[Reply] = (),
+        *,
+        default: Reply | None = None,
+        responder: Callable[[Request], Reply] | None = None,
+    ):
         self._queue: deque[Reply] = deque(replies)
         self.default = default or Reply.error(500, "fake LLM: no scripted reply left")
         self.responder = responder
@@ -114,7 +126,9 @@ class FakeLLM:
         handler = _make_handler(self)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-llm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-llm", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -179,7 +193,13 @@ def _make_handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
 
-        def _send(self, status: int, body: bytes, content_type: str = "application/json", headers: dict[str, str] | None = None) -> None:
+        def _send(
+            self,
+            status: int,
+            body: bytes,
+            content_type: str = "application/json",
+            headers: dict[str, str] | None = None,
+        ) -> None:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
@@ -229,13 +249,24 @@ def _make_handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             message.setdefault("role", "assistant")
             content = message.get("content") or ""
             prompt_chars = sum(len(json.dumps(m.get("content"))) for m in req.get("messages") or [])
-            usage = reply.usage or {"prompt_tokens": max(1, prompt_chars // 4), "completion_tokens": max(1, len(content) // 4)}
+            usage = reply.usage or {
+                "prompt_tokens": max(1, prompt_chars // 4),
+                "completion_tokens": max(1, len(content) // 4),
+            }
             usage = {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}
-            base = {"id": f"chatcmpl-fake-{len(llm.requests)}", "created": int(time.time()), "model": req.get("model", llm.model_id)}
+            base = {
+                "id": f"chatcmpl-fake-{len(llm.requests)}",
+                "created": int(time.time()),
+                "model": req.get("model", llm.model_id),
+            }
             if req.get("stream"):
                 return self._stream(base, message, reply.finish_reason, usage)
-            body = {**base, "object": "chat.completion",
-                    "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}], "usage": usage}
+            body = {
+                **base,
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+                "usage": usage,
+            }
             self._send(reply.status, json.dumps(body).encode(), headers=reply.headers)
 
         def _stream(self, base: dict[str, Any], message: dict[str, Any], finish: str, usage: dict[str, int]) -> None:
@@ -246,8 +277,12 @@ def _make_handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
 
             def chunk(delta: dict[str, Any], finish_reason: str | None, extra: dict[str, Any] | None = None) -> None:
-                obj = {**base, "object": "chat.completion.chunk",
-                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **(extra or {})}
+                obj = {
+                    **base,
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                    **(extra or {}),
+                }
                 self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
             content = message.get("content") or ""

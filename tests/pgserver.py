@@ -78,7 +78,9 @@ def find_pg_bin() -> Path:
     """The directory holding initdb/pg_ctl: $SAASBENCH_PG_BIN, newest /usr/lib/postgresql/*/bin, or PATH."""
     env = os.environ.get("SAASBENCH_PG_BIN")
     candidates = [Path(env)] if env else []
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: _version_key(Path(p).parent.name), reverse=True)
+    versions = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: _version_key(Path(p).parent.name), reverse=True
+    )
     candidates += [Path(p) for p in versions]
     which = shutil.which("initdb")
     if which:
@@ -123,14 +125,43 @@ class PostgresServer:
             except KeyError as exc:
                 raise ServerUnavailable("running as root but there is no 'postgres' user to run PostgreSQL as") from exc
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
-        r = self._run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                       "-E", "UTF8", "--locale=C", "--no-sync"])
+        r = self._run(
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ]
+        )
         if r.returncode != 0:
             raise ServerUnavailable(f"initdb failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
         self.port = free_port()
-        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
-                "-c synchronous_commit=off -c full_page_writes=off -c max_connections=20")
-        r = self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w", "-t", "60", "start"], timeout=90)
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=20"
+        )
+        r = self._run(
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log),
+                "-o",
+                opts,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            timeout=90,
+        )
         pid_file = self.data / "postmaster.pid"
         if pid_file.exists():
             self.pid = int(pid_file.read_text().split("\n", 1)[0])
@@ -148,7 +179,9 @@ class PostgresServer:
     def stop(self) -> None:
         try:
             if self.data.exists():
-                self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "30", "stop"], timeout=45)
+                self._run(
+                    [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "30", "stop"], timeout=45
+                )
         except (subprocess.TimeoutExpired, OSError):
             pass
         if self.pid is not None and _alive(self.pid):
@@ -161,7 +194,9 @@ def find_mariadb() -> tuple[str, str]:
     server = shutil.which("mariadbd") or ("/usr/sbin/mariadbd" if os.path.exists("/usr/sbin/mariadbd") else None)
     install = shutil.which("mariadb-install-db")
     if not server or not install:
-        raise ServerUnavailable("MariaDB binaries not found (mariadbd, mariadb-install-db): install the Debian package mariadb-server")
+        raise ServerUnavailable(
+            "MariaDB binaries not found (mariadbd, mariadb-install-db): install the Debian package mariadb-server"
+        )
     return server, install
 
 
@@ -175,26 +210,47 @@ class MariaDbServer:
         self.proc: subprocess.Popen | None = None
 
     def start(self, database: str = "saas") -> str:
-        opts = ["--no-defaults", f"--datadir={self.root / 'data'}", "--innodb-log-file-size=8M", "--innodb-buffer-pool-size=32M"]
+        opts = [
+            "--no-defaults",
+            f"--datadir={self.root / 'data'}",
+            "--innodb-log-file-size=8M",
+            "--innodb-buffer-pool-size=32M",
+        ]
         user = ["--user=root"] if os.geteuid() == 0 else []
-        r = subprocess.run([self.install, *opts, *user, "--auth-root-authentication-method=normal", "--skip-test-db"],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [self.install, *opts, *user, "--auth-root-authentication-method=normal", "--skip-test-db"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if r.returncode != 0:
             raise ServerUnavailable(f"mariadb-install-db failed ({r.returncode}): {r.stderr.strip()[-1500:]}")
         self.port = free_port()
         log = open(self.root / "stdout.log", "wb")
         self.proc = subprocess.Popen(
-            [self.server, *opts, *user, "--bind-address=127.0.0.1", f"--port={self.port}", "--skip-name-resolve",
-             f"--socket={self.root / 'mysqld.sock'}", f"--pid-file={self.root / 'mysqld.pid'}",
-             f"--log-error={self.root / 'err.log'}", "--performance-schema=OFF"],
-            stdout=log, stderr=subprocess.STDOUT,
+            [
+                self.server,
+                *opts,
+                *user,
+                "--bind-address=127.0.0.1",
+                f"--port={self.port}",
+                "--skip-name-resolve",
+                f"--socket={self.root / 'mysqld.sock'}",
+                f"--pid-file={self.root / 'mysqld.pid'}",
+                f"--log-error={self.root / 'err.log'}",
+                "--performance-schema=OFF",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         try:
             _wait_port(self.port, lambda: self.proc is not None and self.proc.poll() is None)
             self._create_database(database)
         except Exception:  # noqa: BLE001 - a server probe during start-up
-            err = (self.root / "err.log").read_text(errors="replace")[-2000:] if (self.root / "err.log").exists() else ""
+            err = (
+                (self.root / "err.log").read_text(errors="replace")[-2000:] if (self.root / "err.log").exists() else ""
+            )
             self.stop()
             raise ServerUnavailable(f"mariadbd did not start: {err}") from None
         return f"mysql://root@127.0.0.1:{self.port}/{database}"
@@ -282,8 +338,11 @@ class MongoEmulator:
     def start(self, database: str = "app") -> str:
         self.port = free_port()
         log = open(self.root / "server.log", "wb")
-        self.proc = subprocess.Popen([self.binary, "--data-dir", str(self.root / "data"), "--host", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [self.binary, "--data-dir", str(self.root / "data"), "--host", "127.0.0.1", "-p", str(self.port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         try:
             _wait_port(self.port, lambda: self.proc is not None and self.proc.poll() is None)

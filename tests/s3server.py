@@ -45,8 +45,13 @@ class S3Server:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def uri(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix}"
@@ -80,7 +85,9 @@ def start_moto(timeout_s: float = 30.0) -> tuple[subprocess.Popen, str, Path]:
     try:
         import moto  # noqa: F401
     except ImportError as exc:
-        raise ServerUnavailable("moto[server] is not installed in this venv (pip install 'moto[server]==5.2.5')") from exc
+        raise ServerUnavailable(
+            "moto[server] is not installed in this venv (pip install 'moto[server]==5.2.5')"
+        ) from exc
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="moto-")) / "moto.log"
     with open(log, "wb") as fh:

@@ -41,8 +41,15 @@ def env(tmp_path: Path):
 
 def call(name: str, args: dict, call_id: str = "c1", content: str = "") -> Reply:
     """A scripted assistant turn asking for one tool call."""
-    return Reply.with_message({"role": "assistant", "content": content, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+    return Reply.with_message(
+        {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            ],
+        }
+    )
 
 
 def agent_for(llm: FakeLLM, **kw) -> BuiltinAgent:
@@ -81,7 +88,12 @@ def test_tools_events_tokens_and_no_key_in_events(llm: FakeLLM, env: LocalEnviro
     assert len(reqs) == 7
     body = reqs[0].body
     assert body["temperature"] == 0 and {t["function"]["name"] for t in body["tools"]} == {
-        "shell", "read_file", "write_file", "edit_file", "finish"}
+        "shell",
+        "read_file",
+        "write_file",
+        "edit_file",
+        "finish",
+    }
     system = body["messages"][0]["content"]
     assert "deadline" in system and "UTC" in system and env.workspace_path in system
     assert body["messages"][1] == {"role": "user", "content": "Build the thing."}
@@ -95,7 +107,9 @@ def test_tools_events_tokens_and_no_key_in_events(llm: FakeLLM, env: LocalEnviro
     dumped = traj.model_dump_json()
     assert SECRET not in dumped  # ... but never recorded
     kinds = [e.kind for e in traj.events]
-    assert [e.data["role"] for e in traj.events[:2]] == ["system", "user"] and traj.events[1].message == "Build the thing."
+    assert [e.data["role"] for e in traj.events[:2]] == ["system", "user"] and traj.events[
+        1
+    ].message == "Build the thing."
     assert kinds.count("model_call") == 7 and kinds.count("tool_call") == 7 and kinds.count("tool_result") == 7
     first = next(e for e in traj.events if e.kind == "model_call")
     assert "[REDACTED]" in first.message and first.data["tokens_in"] > 0 and first.data["latency_ms"] >= 0
@@ -106,8 +120,7 @@ def test_tools_events_tokens_and_no_key_in_events(llm: FakeLLM, env: LocalEnviro
 
 
 def test_429_and_500_bursts_are_retried(llm: FakeLLM, env: LocalEnvironment) -> None:
-    llm.queue(Reply.error(429), Reply.error(429), Reply.error(500), Reply.error(529),
-              call("finish", {"summary": "ok"}))
+    llm.queue(Reply.error(429), Reply.error(429), Reply.error(500), Reply.error(529), call("finish", {"summary": "ok"}))
     traj = agent_for(llm).run("x", env, Budget())
     assert traj.exit_reason == "completed", traj.error
     assert len(llm.chat_requests) == 5
@@ -191,8 +204,10 @@ def test_builtin_writing_the_reference_beats_nop(llm: FakeLLM, monkeypatch) -> N
     files = sorted(p for p in ref.rglob("*") if p.is_file() and "__pycache__" not in p.parts and "data" not in p.parts)
     assert any(p.name == "app.py" for p in files) and any(p.name == "run.sh" for p in files)
     turns = [call("shell", {"command": "ls -la && head -5 task.md"}, "c0")]
-    turns += [call("write_file", {"path": p.relative_to(ref).as_posix(), "content": p.read_text(encoding="utf-8")}, f"w{i}")
-              for i, p in enumerate(files)]
+    turns += [
+        call("write_file", {"path": p.relative_to(ref).as_posix(), "content": p.read_text(encoding="utf-8")}, f"w{i}")
+        for i, p in enumerate(files)
+    ]
     turns.append(call("finish", {"summary": "TimeTrack implemented"}, "fin"))
     llm.queue(*turns)
     monkeypatch.setenv(ENV_MODEL, "openai/fake")

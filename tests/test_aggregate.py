@@ -54,17 +54,42 @@ NODES_B = [
 def _nodes(spec, results, *, sweep, trial, task, agent, model, attempt):
     rows = []
     for i, ((nid, cat, method, tier, mx), (status, score)) in enumerate(zip(spec, results)):
-        rows.append({"sweep_id": sweep, "trial_id": trial, "task_id": task, "agent": agent, "model": model,
-                     "attempt": attempt, "node_id": nid, "node_index": i, "category": cat, "subcategory": "",
-                     "method": method, "complexity_tier": tier, "status": status, "score": score, "max_score": mx,
-                     "message": HOSTILE if nid == "n5" and status != "PASSED" else f"{nid} {status}"})
+        rows.append(
+            {
+                "sweep_id": sweep,
+                "trial_id": trial,
+                "task_id": task,
+                "agent": agent,
+                "model": model,
+                "attempt": attempt,
+                "node_id": nid,
+                "node_index": i,
+                "category": cat,
+                "subcategory": "",
+                "method": method,
+                "complexity_tier": tier,
+                "status": status,
+                "score": score,
+                "max_score": mx,
+                "message": HOSTILE if nid == "n5" and status != "PASSED" else f"{nid} {status}",
+            }
+        )
     return rows
 
 
 def _trial(lake, *, sweep, trial, task, domain, agent, model, attempt, outcome, task_score, nodes=None):
-    row = {"sweep_id": sweep, "trial_id": trial, "task_id": task, "agent": agent, "model": model, "attempt": attempt,
-           "domain": domain, "outcome": outcome, "valid": outcome not in aggregate.INFRA_OUTCOMES,
-           "task_score": task_score}
+    row = {
+        "sweep_id": sweep,
+        "trial_id": trial,
+        "task_id": task,
+        "agent": agent,
+        "model": model,
+        "attempt": attempt,
+        "domain": domain,
+        "outcome": outcome,
+        "valid": outcome not in aggregate.INFRA_OUTCOMES,
+        "task_score": task_score,
+    }
     tables = {"trials": [row]}
     if nodes:
         tables["node_results"] = nodes
@@ -79,25 +104,93 @@ def build_lake(root: Path) -> str:
     write_sweep(lake, {"sweep_id": "sw1", "name": "golden"})
     write_sweep(lake, {"sweep_id": "sw2", "name": "golden-2"})
     kw = {"sweep": "sw1", "agent": "oh", "model": "m1"}
-    _trial(lake, trial="a0", task="taskA", domain="CF", attempt=0, outcome="completed", task_score=56.82,
-           nodes=_nodes(NODES_A, [("PASSED", 10.0), ("PASSED", 2.5), ("SKIPPED_LLM", 0.0), ("SKIPPED_DEPENDENCY", 0.0),
-                                  ("FAILED", 0.0)], trial="a0", task="taskA", attempt=0, **kw), **kw)
-    _trial(lake, trial="a1", task="taskA", domain="CF", attempt=1, outcome="completed", task_score=100.0,
-           nodes=_nodes(NODES_A, ALL_PASSED_A, trial="a1", task="taskA", attempt=1, **kw), **kw)
-    _trial(lake, trial="b0", task="taskB", domain="SI", attempt=0, outcome="completed", task_score=42.86,
-           nodes=_nodes(NODES_B, [("PASSED", 4.0), ("FAILED", 0.0), ("PASSED", 2.0)],
-                        trial="b0", task="taskB", attempt=0, **kw), **kw)
+    _trial(
+        lake,
+        trial="a0",
+        task="taskA",
+        domain="CF",
+        attempt=0,
+        outcome="completed",
+        task_score=56.82,
+        nodes=_nodes(
+            NODES_A,
+            [("PASSED", 10.0), ("PASSED", 2.5), ("SKIPPED_LLM", 0.0), ("SKIPPED_DEPENDENCY", 0.0), ("FAILED", 0.0)],
+            trial="a0",
+            task="taskA",
+            attempt=0,
+            **kw,
+        ),
+        **kw,
+    )
+    _trial(
+        lake,
+        trial="a1",
+        task="taskA",
+        domain="CF",
+        attempt=1,
+        outcome="completed",
+        task_score=100.0,
+        nodes=_nodes(NODES_A, ALL_PASSED_A, trial="a1", task="taskA", attempt=1, **kw),
+        **kw,
+    )
+    _trial(
+        lake,
+        trial="b0",
+        task="taskB",
+        domain="SI",
+        attempt=0,
+        outcome="completed",
+        task_score=42.86,
+        nodes=_nodes(
+            NODES_B, [("PASSED", 4.0), ("FAILED", 0.0), ("PASSED", 2.0)], trial="b0", task="taskB", attempt=0, **kw
+        ),
+        **kw,
+    )
     _trial(lake, trial="b1", task="taskB", domain="SI", attempt=1, outcome="env_error", task_score=None, **kw)
     kc = {"sweep": "sw1", "agent": "cc", "model": "m2"}
-    _trial(lake, trial="c0", task="taskA", domain="CF", attempt=0, outcome="completed", task_score=33.33,
-           nodes=_nodes(NODES_A, [("PASSED", 10.0), ("FAILED", 0.0), ("FAILED", 0.0), ("SKIPPED_DEPENDENCY", 0.0),
-                                  ("FAILED", 0.0)], trial="c0", task="taskA", attempt=0, **kc), **kc)
+    _trial(
+        lake,
+        trial="c0",
+        task="taskA",
+        domain="CF",
+        attempt=0,
+        outcome="completed",
+        task_score=33.33,
+        nodes=_nodes(
+            NODES_A,
+            [("PASSED", 10.0), ("FAILED", 0.0), ("FAILED", 0.0), ("SKIPPED_DEPENDENCY", 0.0), ("FAILED", 0.0)],
+            trial="c0",
+            task="taskA",
+            attempt=0,
+            **kc,
+        ),
+        **kc,
+    )
     k2 = {"sweep": "sw2", "agent": "oh", "model": "m1"}
-    _trial(lake, trial="x0", task="taskA", domain="CF", attempt=0, outcome="completed", task_score=100.0,
-           nodes=_nodes(NODES_A, ALL_PASSED_A, trial="x0", task="taskA", attempt=0, **k2), **k2)
-    _trial(lake, trial="y0", task="taskB", domain="SI", attempt=0, outcome="completed", task_score=42.86,
-           nodes=_nodes(NODES_B, [("FAILED", 0.0), ("PASSED", 4.0), ("PASSED", 2.0)],
-                        trial="y0", task="taskB", attempt=0, **k2), **k2)
+    _trial(
+        lake,
+        trial="x0",
+        task="taskA",
+        domain="CF",
+        attempt=0,
+        outcome="completed",
+        task_score=100.0,
+        nodes=_nodes(NODES_A, ALL_PASSED_A, trial="x0", task="taskA", attempt=0, **k2),
+        **k2,
+    )
+    _trial(
+        lake,
+        trial="y0",
+        task="taskB",
+        domain="SI",
+        attempt=0,
+        outcome="completed",
+        task_score=42.86,
+        nodes=_nodes(
+            NODES_B, [("FAILED", 0.0), ("PASSED", 4.0), ("PASSED", 2.0)], trial="y0", task="taskB", attempt=0, **k2
+        ),
+        **k2,
+    )
     return lake
 
 
@@ -117,20 +210,20 @@ def _cfg(report, agent):
 
 # --- backbones --------------------------------------------------------------------------------
 def test_backbone_exact_then_prefix_then_seed_patterns() -> None:
-    assert backbone_for("APIKey") == "AuthZ"            # exact dictionary beats the API* prefix
-    assert backbone_for("API_FHIR") == "API"            # prefix API*
-    assert backbone_for("ApiGateway") == "API"          # prefix Api*
+    assert backbone_for("APIKey") == "AuthZ"  # exact dictionary beats the API* prefix
+    assert backbone_for("API_FHIR") == "API"  # prefix API*
+    assert backbone_for("ApiGateway") == "API"  # prefix Api*
     assert backbone_for("BusinessLogic_2FA") == "AuthZ"  # exact beats BusinessLogic*
     assert backbone_for("BusinessLogic_DoubleEntry") == "Logic"
     assert backbone_for("DataModelIndexes") == "Data"
     assert backbone_for("UIConsistency") == "Quality"
     assert backbone_for("AuthorizationPolicies") == "AuthZ"
-    assert backbone_for("CacheSystem") == "Data"        # seed Cache*
-    assert backbone_for("VaultCRUD") == "API"           # seed *CRUD
-    assert backbone_for("OAuth2") == "AuthZ"            # seed OAuth*
-    assert backbone_for("SecurityQuality") == "AuthZ"   # seed Security*
-    assert backbone_for("XMPPSignaling") is None        # never a silent default
-    assert backbone_for("deployment") is None           # case-sensitive, like the paper's dictionary
+    assert backbone_for("CacheSystem") == "Data"  # seed Cache*
+    assert backbone_for("VaultCRUD") == "API"  # seed *CRUD
+    assert backbone_for("OAuth2") == "AuthZ"  # seed OAuth*
+    assert backbone_for("SecurityQuality") == "AuthZ"  # seed Security*
+    assert backbone_for("XMPPSignaling") is None  # never a silent default
+    assert backbone_for("deployment") is None  # case-sensitive, like the paper's dictionary
     assert unknown_categories(["RBAC", "XMPPSignaling", None, "XMPPSignaling"]) == ["", "XMPPSignaling"]
 
 
@@ -141,17 +234,17 @@ def test_every_paper_seed_is_in_the_data_file() -> None:
     seeds = {
         "Deploy": "Deployment Setup Build Configuration Maintenance Teardown TestFixture BackgroundJobs CLI",
         "Data": "DataModel* Datasource DatabaseDiscovery Metadata Cache* FileSystem MediaManagement Upload "
-                "ImportExport IngestionCLI EventProcessing RLS Lineage",
+        "ImportExport IngestionCLI EventProcessing RLS Lineage",
         "API": "API* CRUD *CRUD GraphQL* tRPC WebSocket Webhook* Realtime NotificationRealtime Search* Action* "
-               "ChatSystem TransactionalEmail Validation",
+        "ChatSystem TransactionalEmail Validation",
         "Logic": "BusinessLogic* Workflow Cron* Async* Order Cart Subscription Payment Tax Inventory InvoiceLifecycle "
-                 "ChargeModels BadgeSystem QuestSystem PetMount Recording BreakoutRooms Whiteboard ConferenceFlow "
-                 "ModerationReview TrustLevel TemplateManagement Plugin HookSystem Sharing",
+        "ChargeModels BadgeSystem QuestSystem PetMount Recording BreakoutRooms Whiteboard ConferenceFlow "
+        "ModerationReview TrustLevel TemplateManagement Plugin HookSystem Sharing",
         "AuthZ": "Authentication Authorization* RBAC AccessControl Permission AuditLog AuditCompliance PasswordPolicy "
-                 "BruteForceDetection APIKey Security* OAuth* OIDCProtocol SAMLProtocol TokenExchange "
-                 "IdentityProvider KeyManagement ProtocolMappers UserManagement BusinessLogic_2FA BusinessLogic_Identity",
+        "BruteForceDetection APIKey Security* OAuth* OIDCProtocol SAMLProtocol TokenExchange "
+        "IdentityProvider KeyManagement ProtocolMappers UserManagement BusinessLogic_2FA BusinessLogic_Identity",
         "Quality": "ArchitectureQuality Architecture Frontend* UI* EdgeCases ErrorHandling AdminPanel AdminUI "
-                   "Internationalization Localization ConfigAndAdmin",
+        "Internationalization Localization ConfigAndAdmin",
     }
     for backbone, names in seeds.items():
         for name in names.split():
@@ -181,15 +274,15 @@ def test_conformance_categories_all_map() -> None:
 # --- golden aggregation -----------------------------------------------------------------------
 def test_trial_scores(report) -> None:
     t = {x.trial_id: x for x in report.trials}
-    assert t["a0"].task_score == 56.82              # 1250/22 = 56.818..
-    assert t["a0"].deterministic_score == 56.82     # no llm-judge node counts (n3 is SKIPPED_LLM anyway)
-    assert t["a0"].skipped_llm_max_score == 8.0     # n3's dropped judge maxScore
-    assert t["a0"].node_coverage == 40.0            # 2 PASSED / 5 nodes
+    assert t["a0"].task_score == 56.82  # 1250/22 = 56.818..
+    assert t["a0"].deterministic_score == 56.82  # no llm-judge node counts (n3 is SKIPPED_LLM anyway)
+    assert t["a0"].skipped_llm_max_score == 8.0  # n3's dropped judge maxScore
+    assert t["a0"].node_coverage == 40.0  # 2 PASSED / 5 nodes
     assert t["a1"].task_score == 100.0
-    assert t["b0"].task_score == 42.86              # 6/14
-    assert t["b0"].deterministic_score == 50.0      # m1 + m2: 4/8
+    assert t["b0"].task_score == 42.86  # 6/14
+    assert t["b0"].deterministic_score == 50.0  # m1 + m2: 4/8
     assert t["b1"].task_score is None and t["b1"].effective_score == 0.0 and not t["b1"].valid
-    assert report.score_mismatches == []            # the stored trials.task_score agrees with scoring.py
+    assert report.score_mismatches == []  # the stored trials.task_score agrees with scoring.py
 
 
 def test_trial_score_equals_scoring_module(lake) -> None:
@@ -217,7 +310,7 @@ def test_benchmark_valid_vs_all(report) -> None:
     assert c.valid.deterministic == 64.2
     # node coverage pooled over node rows: PASSED a0 2 + a1 5 + b0 2 = 9 of 5+5+3 = 13 -> 69.23
     assert c.valid.node_coverage == 69.23
-    assert c.all.node_coverage == 69.23             # b1 has no node rows
+    assert c.all.node_coverage == 69.23  # b1 has no node rows
     assert c.valid.skipped_llm_max_score == 8.0
     sc = c.valid.status_counts
     assert (sc.PASSED, sc.FAILED, sc.SKIPPED_LLM, sc.SKIPPED_DEPENDENCY) == (9, 2, 1, 1)
@@ -226,30 +319,30 @@ def test_benchmark_valid_vs_all(report) -> None:
 
 def test_domains(report) -> None:
     c = _cfg(report, "oh")
-    assert c.valid.domains["CF"].score == 78.41     # taskA mean over attempts
-    assert c.valid.domains["SI"].score == 42.86     # taskB, valid attempt only
-    assert c.all.domains["SI"].score == 21.43       # (42.857.. + 0)/2
+    assert c.valid.domains["CF"].score == 78.41  # taskA mean over attempts
+    assert c.valid.domains["SI"].score == 42.86  # taskB, valid attempt only
+    assert c.all.domains["SI"].score == 21.43  # (42.857.. + 0)/2
     assert report.domains == ["CF", "SI"]
     assert set(_cfg(report, "cc").valid.domains) == {"CF"}
 
 
 def test_backbones_and_categories(report) -> None:
     b = _cfg(report, "oh").valid.backbones
-    assert b["Deploy"].score == 100.0               # n1 10/10 in both attempts
-    assert b["Data"].score == 75.0                  # n2: a0 2.5/5 = 50, a1 100 -> 75
+    assert b["Deploy"].score == 100.0  # n1 10/10 in both attempts
+    assert b["Data"].score == 75.0  # n2: a0 2.5/5 = 50, a1 100 -> 75
     # n3 is SKIPPED_LLM in a0 (no percent: that attempt is left out) and 8/8 in a1 -> 100
     assert b["Quality"].score == 100.0
     assert b["Quality"].pooled.skipped_llm_max_score == 8.0
     # taskA: n4 a0 SKIPPED_DEPENDENCY 0/5 = 0, a1 5/5 = 100 -> 50; taskB: m1 4/4 = 100; (50 + 100)/2 = 75
     assert b["AuthZ"].score == 75.0
-    assert b["AuthZ"].pooled.percent == 64.29       # pooled: (0+5+4)/(5+5+4) = 9/14 = 64.285..
-    assert b["API"].score == 20.0                   # m2 0/4 + m3 2/6 = 2/10
-    assert "Logic" not in b                         # no Logic node in this sweep
+    assert b["AuthZ"].pooled.percent == 64.29  # pooled: (0+5+4)/(5+5+4) = 9/14 = 64.285..
+    assert b["API"].score == 20.0  # m2 0/4 + m3 2/6 = 2/10
+    assert "Logic" not in b  # no Logic node in this sweep
     assert report.unknown_categories == ["XMPPSignaling"]
-    assert report.unknown_category_nodes == 3       # n5 in a0, a1, c0
+    assert report.unknown_category_nodes == 3  # n5 in a0, a1, c0
     cats = _cfg(report, "oh").valid.categories
     assert cats["DataModel"].score == 75.0
-    assert cats["XMPPSignaling"].score == 50.0      # a0 0/2, a1 2/2 -> 50: still scored per category
+    assert cats["XMPPSignaling"].score == 50.0  # a0 0/2, a1 2/2 -> 50: still scored per category
     tiers = _cfg(report, "oh").valid.complexity_tiers
     # linear_crud: taskA n1+n2: a0 12.5/15 = 83.33.., a1 100 -> 91.66..; taskB 6/14 = 42.857..; mean 67.26..
     assert tiers["linear_crud"].score == 67.26
@@ -274,10 +367,32 @@ def test_threshold_changes_pass_at_k(lake) -> None:
 
 
 def test_voided_cheat_scores_zero() -> None:
-    trials = [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "agent": "a", "model": "m", "attempt": 0,
-               "domain": "DW", "outcome": "voided_cheat", "task_score": 100.0}]
-    nodes = [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "node_id": "x", "category": "Workflow",
-              "method": "binary", "status": "PASSED", "score": 3.0, "max_score": 3.0}]
+    trials = [
+        {
+            "sweep_id": "s",
+            "trial_id": "t",
+            "task_id": "k",
+            "agent": "a",
+            "model": "m",
+            "attempt": 0,
+            "domain": "DW",
+            "outcome": "voided_cheat",
+            "task_score": 100.0,
+        }
+    ]
+    nodes = [
+        {
+            "sweep_id": "s",
+            "trial_id": "t",
+            "task_id": "k",
+            "node_id": "x",
+            "category": "Workflow",
+            "method": "binary",
+            "status": "PASSED",
+            "score": 3.0,
+            "max_score": 3.0,
+        }
+    ]
     rep = aggregate.compute(trials, nodes)
     c = rep.configs[0]
     assert c.valid.pass_at_1 == 0.0 and c.valid.node_coverage == 0.0 and c.valid_trials == 1
@@ -325,7 +440,7 @@ def test_report_and_compare_commands(lake, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert "Table 2" in res.output and "Table 3" in res.output
     assert "60.63" in res.output and "49.92" in res.output and "XMPPSignaling" in res.output
-    assert "3/4" in res.output                      # valid / all trials
+    assert "3/4" in res.output  # valid / all trials
     assert html.is_file()
     res = runner.invoke(app, ["compare", "sw1", "sw2", "--lake", lake], env={"COLUMNS": "250"})
     assert res.exit_code == 0, res.output
@@ -348,8 +463,16 @@ def test_group_aggregate_equals_scoring_aggregate() -> None:
             mx = rng.choice([0.0, 0.5, 1.0, 2.0, 3.3, 5.0, 10.0, 0.1])
             st = rng.choice(statuses)
             sc = round(rng.uniform(0, mx), 1) if st == Status.PASSED else 0.0
-            nodes.append(NodeResult(id=f"n{i}", category="C", method=rng.choice(["binary", "llm-judge"]),
-                                    status=st, score=sc, max_score=mx))
+            nodes.append(
+                NodeResult(
+                    id=f"n{i}",
+                    category="C",
+                    method=rng.choice(["binary", "llm-judge"]),
+                    status=st,
+                    score=sc,
+                    max_score=mx,
+                )
+            )
         assert aggregate.group_aggregate(nodes) == scoring.aggregate(nodes)
         assert aggregate.group_percent(nodes) == scoring.aggregate(nodes).percent
 
@@ -362,13 +485,17 @@ def _assert_same(a, b, path="report") -> None:
         for k in a:
             _assert_same(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), f"{path}: lengths {len(a)} != {len(b) if isinstance(b, list) else b}"
+        assert isinstance(b, list) and len(a) == len(b), (
+            f"{path}: lengths {len(a)} != {len(b) if isinstance(b, list) else b}"
+        )
         for i, (x, y) in enumerate(zip(a, b)):
             _assert_same(x, y, f"{path}[{i}]")
     elif isinstance(a, float) and isinstance(b, float):
         assert (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-9, f"{path}: {a} != {b}"
     else:
-        assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, f"{path}: {a!r} ({type(a)}) != {b!r} ({type(b)})"
+        assert type(a) is type(b) or {type(a), type(b)} <= {int, float}, (
+            f"{path}: {a!r} ({type(a)}) != {b!r} ({type(b)})"
+        )
         assert a == b, f"{path}: {a!r} != {b!r}"
 
 
@@ -384,7 +511,9 @@ def _random_rows(seed: int, n_trials: int):
     import random
 
     rng = random.Random(seed)
-    statuses = ["PASSED"] * 5 + ["FAILED"] * 3 + ["ERROR", "SKIPPED_DEPENDENCY", "SKIPPED_LLM", "DRY_RUN", "QUARANTINED"]
+    statuses = (
+        ["PASSED"] * 5 + ["FAILED"] * 3 + ["ERROR", "SKIPPED_DEPENDENCY", "SKIPPED_LLM", "DRY_RUN", "QUARANTINED"]
+    )
     cats = ["Deployment", "DataModel", "RBAC", "API_CRUD", "ArchitectureQuality", "XMPPSignaling", "Workflow", None, ""]
     outcomes = ["completed"] * 6 + ["agent_timeout", "voided_cheat", "env_error", "judge_error", "task_defect", None]
     configs = [("oh", "m1"), ("cc", "m2"), ("oh", None), (None, None)]
@@ -394,22 +523,47 @@ def _random_rows(seed: int, n_trials: int):
         task = f"task{rng.randrange(12)}"
         agent, model = rng.choice(configs)
         outcome = rng.choice(outcomes)
-        trials.append({"sweep_id": sweep, "trial_id": f"t{i}", "task_id": task, "agent": agent, "model": model,
-                       "attempt": rng.randrange(3), "domain": rng.choice(["CF", "SI", "DW", "XX", None, ""]),
-                       "outcome": outcome, "task_score": rng.choice([None, 50.0]),
-                       "deterministic_score": None, "trajectory": rng.choice(["short", "long", None])})
+        trials.append(
+            {
+                "sweep_id": sweep,
+                "trial_id": f"t{i}",
+                "task_id": task,
+                "agent": agent,
+                "model": model,
+                "attempt": rng.randrange(3),
+                "domain": rng.choice(["CF", "SI", "DW", "XX", None, ""]),
+                "outcome": outcome,
+                "task_score": rng.choice([None, 50.0]),
+                "deterministic_score": None,
+                "trajectory": rng.choice(["short", "long", None]),
+            }
+        )
         if outcome == "env_error" and rng.random() < 0.7:
             continue  # mostly no node rows
         for j in range(rng.randrange(0, 15)):
             mx = rng.choice([0.0, 0.1, 0.3, 0.5, 1.0, 2.0, 3.3, 5.0, 10.0, 240.0, None])
             st = rng.choice(statuses + [None])
             sc = round(rng.uniform(0, mx), 1) if st == "PASSED" and mx else rng.choice([0.0, None])
-            nodes.append({"sweep_id": sweep, "trial_id": f"t{i}", "task_id": task, "agent": agent, "model": model,
-                          "attempt": 0, "node_id": f"n{rng.randrange(20)}.{j}", "node_index": rng.choice([j, 20 - j, None]),
-                          "category": rng.choice(cats), "subcategory": "", "method": rng.choice(
-                              ["binary", "weighted", "llm-judge", None]),
-                          "complexity_tier": rng.choice(["linear_crud", "workflow_automator", "", None]),
-                          "status": st, "score": sc, "max_score": mx, "message": rng.choice(["", None, "x" * 3000, "m"])})
+            nodes.append(
+                {
+                    "sweep_id": sweep,
+                    "trial_id": f"t{i}",
+                    "task_id": task,
+                    "agent": agent,
+                    "model": model,
+                    "attempt": 0,
+                    "node_id": f"n{rng.randrange(20)}.{j}",
+                    "node_index": rng.choice([j, 20 - j, None]),
+                    "category": rng.choice(cats),
+                    "subcategory": "",
+                    "method": rng.choice(["binary", "weighted", "llm-judge", None]),
+                    "complexity_tier": rng.choice(["linear_crud", "workflow_automator", "", None]),
+                    "status": st,
+                    "score": sc,
+                    "max_score": mx,
+                    "message": rng.choice(["", None, "x" * 3000, "m"]),
+                }
+            )
     for k in range(3):  # orphans: node rows of no trial
         nodes.append({**nodes[k], "trial_id": f"orphan{k}"})
     return trials, nodes
@@ -447,12 +601,36 @@ def test_sql_path_equals_reference_on_random_trials(seed) -> None:
 
 def test_sql_path_sums_in_reference_order() -> None:
     """0.1 + 0.2 over 240 rounds to 0.13; a compensated or reordered sum (0.3 / 240 = 0.125) gives 0.12."""
-    trials = [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "agent": "a", "model": "m", "attempt": 0,
-               "domain": "CF", "outcome": "completed", "task_score": None, "deterministic_score": None,
-               "trajectory": None}]
-    nodes = [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "node_id": f"n{i}", "node_index": i,
-              "category": "RBAC", "method": "weighted", "status": "PASSED", "score": sc, "max_score": mx}
-             for i, (sc, mx) in enumerate([(0.1, 100.0), (0.2, 100.0), (0.0, 40.0)])]
+    trials = [
+        {
+            "sweep_id": "s",
+            "trial_id": "t",
+            "task_id": "k",
+            "agent": "a",
+            "model": "m",
+            "attempt": 0,
+            "domain": "CF",
+            "outcome": "completed",
+            "task_score": None,
+            "deterministic_score": None,
+            "trajectory": None,
+        }
+    ]
+    nodes = [
+        {
+            "sweep_id": "s",
+            "trial_id": "t",
+            "task_id": "k",
+            "node_id": f"n{i}",
+            "node_index": i,
+            "category": "RBAC",
+            "method": "weighted",
+            "status": "PASSED",
+            "score": sc,
+            "max_score": mx,
+        }
+        for i, (sc, mx) in enumerate([(0.1, 100.0), (0.2, 100.0), (0.0, 40.0)])
+    ]
     con = _con_from_rows(trials, nodes)
     fast = aggregate._sql_report(con, ["s"], 100.0)
     assert fast.trials[0].task_score == aggregate.sweep_report_reference(con, ["s"]).trials[0].task_score == 0.13
@@ -462,8 +640,10 @@ def test_sql_path_falls_back_for_rows_only_the_reference_handles() -> None:
     trials, nodes = _random_rows(5, 20)
     con = _con_from_rows(trials + [dict(trials[0])], nodes)  # a duplicated trial row
     assert aggregate._sql_report(con, ["s1", "s2"], 100.0) is None
-    _assert_same(aggregate.sweep_report(con, ["s1", "s2"]).model_dump(),
-                 aggregate.sweep_report_reference(con, ["s1", "s2"]).model_dump())
+    _assert_same(
+        aggregate.sweep_report(con, ["s1", "s2"]).model_dump(),
+        aggregate.sweep_report_reference(con, ["s1", "s2"]).model_dump(),
+    )
     con = _con_from_rows(trials, nodes + [{**nodes[0], "status": "BOGUS"}])
     assert aggregate._sql_report(con, ["s1", "s2"], 100.0) is None
     with pytest.raises(ValueError):

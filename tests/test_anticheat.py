@@ -40,10 +40,16 @@ def test_git_clone_is_voided_with_evidence() -> None:
 
 
 def test_clean_trajectory_is_not_voided() -> None:
-    traj = trajectory("cat task.md", "pip install requests flask", "npm install express",
-                      "apt-get install -y jq", "curl -fsSL https://deb.nodesource.com/setup_20.x | bash",
-                      "curl -s http://127.0.0.1:8080/api/health", "git init && git add -A && git commit -m wip",
-                      "python3 -m pytest -q")
+    traj = trajectory(
+        "cat task.md",
+        "pip install requests flask",
+        "npm install express",
+        "apt-get install -y jq",
+        "curl -fsSL https://deb.nodesource.com/setup_20.x | bash",
+        "curl -s http://127.0.0.1:8080/api/health",
+        "git init && git add -A && git commit -m wip",
+        "python3 -m pytest -q",
+    )
     voided, findings = void_if_cheating(traj)
     assert not voided and findings == []
 
@@ -52,33 +58,39 @@ def test_pip_install_requests_not_voided() -> None:
     assert void_if_cheating(trajectory("pip install requests")) == (False, [])
 
 
-@pytest.mark.parametrize("cmd", [
-    "curl -L -o src.tar.gz https://example.com/project-1.2.tar.gz && tar xzf src.tar.gz",
-    "wget https://github.com/x/y/archive/refs/heads/main.zip",
-    "curl -sL https://codeload.github.com/x/y/tar.gz/main | tar xz",
-    "curl -O https://raw.githubusercontent.com/x/y/main/app.py",
-    "curl -L https://api.github.com/repos/x/y/tarball | tar xz",
-    "gh repo clone x/y",
-    "git submodule add https://github.com/x/y vendor/y",
-    "git clone --depth 1 git@github.com:x/y.git app",
-    "git remote add upstream https://github.com/x/y.git; git pull upstream main",
-    "docker exec app bash -c \"git clone https://gitlab.com/x/y\"",
-    "docker pull kimai/kimai2 && docker create --name k kimai/kimai2 && docker cp k:/opt/kimai ./app",
-    "python3 -c \"import urllib.request as u; u.urlretrieve('https://gitlab.com/x/y/-/archive/main/y-main.tar.gz', 'y.tgz')\"",
-])
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "curl -L -o src.tar.gz https://example.com/project-1.2.tar.gz && tar xzf src.tar.gz",
+        "wget https://github.com/x/y/archive/refs/heads/main.zip",
+        "curl -sL https://codeload.github.com/x/y/tar.gz/main | tar xz",
+        "curl -O https://raw.githubusercontent.com/x/y/main/app.py",
+        "curl -L https://api.github.com/repos/x/y/tarball | tar xz",
+        "gh repo clone x/y",
+        "git submodule add https://github.com/x/y vendor/y",
+        "git clone --depth 1 git@github.com:x/y.git app",
+        "git remote add upstream https://github.com/x/y.git; git pull upstream main",
+        'docker exec app bash -c "git clone https://gitlab.com/x/y"',
+        "docker pull kimai/kimai2 && docker create --name k kimai/kimai2 && docker cp k:/opt/kimai ./app",
+        "python3 -c \"import urllib.request as u; u.urlretrieve('https://gitlab.com/x/y/-/archive/main/y-main.tar.gz', 'y.tgz')\"",
+    ],
+)
 def test_source_fetches_are_voided(cmd: str) -> None:
     voided, findings = void_if_cheating(trajectory(cmd))
     assert voided, (cmd, findings)
 
 
-@pytest.mark.parametrize("cmd,rule", [
-    ("pip download flask", "pip_download"),
-    ("npm pack express", "npm_pack"),
-    ("docker pull someone/helpdesk:latest", "docker_pull"),
-    ("pip install git+https://github.com/x/y", "pip_install_git"),
-    ("curl -LO https://github.com/jqlang/jq/releases/download/jq-1.7/jq-linux64", "release_download"),
-    ("git clone . /tmp/backup", "git_clone"),
-])
+@pytest.mark.parametrize(
+    "cmd,rule",
+    [
+        ("pip download flask", "pip_download"),
+        ("npm pack express", "npm_pack"),
+        ("docker pull someone/helpdesk:latest", "docker_pull"),
+        ("pip install git+https://github.com/x/y", "pip_install_git"),
+        ("curl -LO https://github.com/jqlang/jq/releases/download/jq-1.7/jq-linux64", "release_download"),
+        ("git clone . /tmp/backup", "git_clone"),
+    ],
+)
 def test_warnings_do_not_void(cmd: str, rule: str) -> None:
     voided, findings = void_if_cheating(trajectory(cmd))
     assert not voided and [f.rule for f in findings] == [rule] and findings[0].severity == "warn"
@@ -101,10 +113,16 @@ def test_written_script_counts_only_when_run_afterwards() -> None:
     # written, then run: voided, with the write as the evidence and the run recorded
     traj = Trajectory(agent="builtin")
     traj.event("tool_call", "setup.sh", tool="write_file", args={"path": "setup.sh", "content": script["setup.sh"]})
-    traj.event("tool_call", "chmod +x setup.sh && ./setup.sh", tool="shell", args={"command": "chmod +x setup.sh && ./setup.sh"})
+    traj.event(
+        "tool_call",
+        "chmod +x setup.sh && ./setup.sh",
+        tool="shell",
+        args={"command": "chmod +x setup.sh && ./setup.sh"},
+    )
     voided, findings = void_if_cheating(traj)
     assert voided and [(f.rule, f.source, f.event_index, f.detail["executed_at"]) for f in findings] == [
-        ("git_clone", "file:setup.sh", 0, 1)]
+        ("git_clone", "file:setup.sh", 0, 1)
+    ]
     assert void_if_cheating(traj, include_files=False) == (False, [])  # shell commands only
 
 
@@ -127,7 +145,10 @@ def test_evaluator_integrity_hashes(tmp_path: Path) -> None:
     (tmp_path / "tests" / "b.py").write_text("x = 1\n")
     after = hash_paths(["tests", "dag.json", "missing.txt"], root=tmp_path)
     found = integrity_findings(before, after)
-    assert [(f.detail["path"], f.evidence.split()[-1]) for f in found] == [("dag.json", "modified"), ("tests/b.py", "created")]
+    assert [(f.detail["path"], f.evidence.split()[-1]) for f in found] == [
+        ("dag.json", "modified"),
+        ("tests/b.py", "created"),
+    ]
     assert all(f.severity == "void" and f.rule == "evaluator_modified" for f in found)
 
 
@@ -143,8 +164,11 @@ def test_a_cheating_trial_is_voided_end_to_end(tmp_path):
 
         def run(self, prompt, env, budget):
             env.exec("true", timeout_s=5)
-            event = base.TrajectoryEvent(t_s=0.0, kind="tool_call", data={
-                "tool": "shell", "args": {"command": "git clone https://github.com/acme/timetrack-clone"}})
+            event = base.TrajectoryEvent(
+                t_s=0.0,
+                kind="tool_call",
+                data={"tool": "shell", "args": {"command": "git clone https://github.com/acme/timetrack-clone"}},
+            )
             return base.Trajectory(agent=self.name, events=[event], exit_reason="completed")
 
     result = run_local_trial(load_task("timetrack"), Cloner())

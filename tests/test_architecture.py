@@ -38,8 +38,12 @@ ALLOWED = {
 
 def module_files() -> dict[str, Path]:
     out = {}
-    for base, dotted in ((REPO / "saasbench", "saasbench"), (REPO / "primitives", "saasbench.primitives"),
-                         (REPO / "agents", "saasbench.agents"), (REPO / "flows", "saasbench.flows")):
+    for base, dotted in (
+        (REPO / "saasbench", "saasbench"),
+        (REPO / "primitives", "saasbench.primitives"),
+        (REPO / "agents", "saasbench.agents"),
+        (REPO / "flows", "saasbench.flows"),
+    ):
         for path in base.rglob("*.py"):
             if path.is_symlink() or any(p.is_symlink() for p in path.parents if base in p.parents):
                 continue
@@ -59,7 +63,8 @@ def layer_of(module: str) -> int | None:
 def _type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(path: Path, module: str) -> set[str]:
@@ -97,9 +102,14 @@ def test_layers_import_only_downwards() -> None:
             continue
         for target in sorted(imports_of(path, module)):
             theirs = layer_of(target)
-            if theirs is None or theirs >= mine or any(
+            if (
+                theirs is None
+                or theirs >= mine
+                or any(
                     (module == a or module.startswith(a + ".")) and (target == b or target.startswith(b + "."))
-                    for a, b in ALLOWED):
+                    for a, b in ALLOWED
+                )
+            ):
                 continue
             violations.append(f"{module} ({'|'.join(LAYERS[mine])}) imports {target} ({'|'.join(LAYERS[theirs])})")
     assert violations == [], "upward imports:\n" + "\n".join(violations)
@@ -109,8 +119,10 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from saasbench.runs.sweep import plan\n", encoding="utf-8")
     ok = tmp_path / "ok.py"
-    ok.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from saasbench.runs.sweep import plan\n",
-                  encoding="utf-8")
+    ok.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from saasbench.runs.sweep import plan\n",
+        encoding="utf-8",
+    )
     assert "saasbench.runs.sweep" in imports_of(bad, "saasbench.dag")
     assert imports_of(ok, "saasbench.dag") == set()
     assert layer_of("saasbench.runs.sweep") < layer_of("saasbench.dag")

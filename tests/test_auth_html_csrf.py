@@ -70,8 +70,15 @@ class Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         return self.app.tokens.get(auth.removeprefix("Bearer ")) if auth.startswith("Bearer ") else None
 
-    def _send(self, status: int, body: str | bytes | dict, *, ctype: str = "text/html; charset=utf-8",
-              location: str | None = None, cookie: str | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        body: str | bytes | dict,
+        *,
+        ctype: str = "text/html; charset=utf-8",
+        location: str | None = None,
+        cookie: str | None = None,
+    ) -> None:
         if isinstance(body, dict):
             body, ctype = json.dumps(body), "application/json"
         raw = body.encode() if isinstance(body, str) else body
@@ -94,11 +101,13 @@ class Handler(BaseHTTPRequestHandler):
         if state is None:
             sid, state = self.app.new_session()
             cookie = sid
-        page = (f"<!DOCTYPE html><html><head><title>Superset</title></head><body><h1>Sign In</h1>"
-                f"{f'<div class=alert>{flash}</div>' if flash else ''}"
-                f'<form method="post"><input id="csrf_token" name="csrf_token" type="hidden" value="{state["csrf"]}">'
-                f'<input id="username" name="username"><input id="password" name="password" type="password">'
-                f'<input type="submit" value="Sign In"></form>{FILLER}</body></html>')
+        page = (
+            f"<!DOCTYPE html><html><head><title>Superset</title></head><body><h1>Sign In</h1>"
+            f"{f'<div class=alert>{flash}</div>' if flash else ''}"
+            f'<form method="post"><input id="csrf_token" name="csrf_token" type="hidden" value="{state["csrf"]}">'
+            f'<input id="username" name="username"><input id="password" name="password" type="password">'
+            f'<input type="submit" value="Sign In"></form>{FILLER}</body></html>'
+        )
         self._send(status, page, cookie=cookie)
 
     # -- routes
@@ -116,11 +125,18 @@ class Handler(BaseHTTPRequestHandler):
                     self.app.log.append((path, "anonymous -> /login/"))
                     return self._redirect("/login/?next=/superset/welcome/")
                 self.app.log.append((path, f"shown to {state['user']}"))
-                return self._send(200, f"<!DOCTYPE html><html><body><h1>Home</h1><p id='who'>Welcome, {state['user']}</p>"
-                                       f"<h2>Recent dashboards</h2>{FILLER}</body></html>")
+                return self._send(
+                    200,
+                    f"<!DOCTYPE html><html><body><h1>Home</h1><p id='who'>Welcome, {state['user']}</p>"
+                    f"<h2>Recent dashboards</h2>{FILLER}</body></html>",
+                )
             if path == "/api/v1/me/":
                 user = self._bearer_user()
-                return self._send(200, {"result": {"username": user}}) if user else self._send(401, {"msg": "Not authorized"})
+                return (
+                    self._send(200, {"result": {"username": user}})
+                    if user
+                    else self._send(401, {"msg": "Not authorized"})
+                )
             if path == "/api/v1/security/csrf_token/":
                 if not self._bearer_user():
                     return self._send(401, {"msg": "Missing Authorization Header"})
@@ -198,27 +214,38 @@ def app() -> Iterator[tuple[str, App]]:
 def session_scheme(**login_overrides: Any) -> dict[str, Any]:
     login: dict[str, Any] = {
         "prelogin": {"method": "GET", "path": "/login/", "extract": {"csrf_token": {"regex": REGEX}}},
-        "method": "POST", "path": "/login/", "body_format": "form",
+        "method": "POST",
+        "path": "/login/",
+        "body_format": "form",
         "body": {"username": "{{username}}", "password": "{{password}}", "csrf_token": "{{csrf_token}}"},
-        "ok_statuses": [302], "success_redirect_not": "/login",
+        "ok_statuses": [302],
+        "success_redirect_not": "/login",
     }
     login.update(login_overrides)
     return {"kind": "form", "login": {k: v for k, v in login.items() if v is not None}}
 
 
 def write_profile(tmp_path: Path, schemes: dict[str, Any], **top: Any) -> Path:
-    profile = {"default_role": "admin", "schemes": schemes,
-               "users": {"admin": {"username": "admin", "password": "admin", "email": "admin@test.com"},
-                         "gamma": {"username": "gamma_eval", "password": "GammaPass123", "email": "gamma_eval@test.com"}},
-               **top}
+    profile = {
+        "default_role": "admin",
+        "schemes": schemes,
+        "users": {
+            "admin": {"username": "admin", "password": "admin", "email": "admin@test.com"},
+            "gamma": {"username": "gamma_eval", "password": "GammaPass123", "email": "gamma_eval@test.com"},
+        },
+        **top,
+    }
     path = tmp_path / f"auth-{len(list(tmp_path.glob('auth-*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(profile, sort_keys=False))
     return path
 
 
 def node(node_id: str, *steps: tuple[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"id": node_id, "steps": [{"type": code, "inputs": inputs} for code, inputs in steps],
-            "scoring": {"category": "Authentication", "method": "binary", "maxScore": 1}}
+    return {
+        "id": node_id,
+        "steps": [{"type": code, "inputs": inputs} for code, inputs in steps],
+        "scoring": {"category": "Authentication", "method": "binary", "maxScore": 1},
+    }
 
 
 def evaluate(tmp_path: Path, base_url: str, auth: Path, *nodes: dict[str, Any]) -> tuple[dict[str, Any], RunContext]:
@@ -226,8 +253,12 @@ def evaluate(tmp_path: Path, base_url: str, auth: Path, *nodes: dict[str, Any]) 
     dag_file = tmp_path / f"dag-{len(list(tmp_path.glob('dag-*.json')))}.json"
     dag_file.write_text(json.dumps({"nodes": list(nodes)}))
     loaded = load_dag(dag_file)
-    ctx = RunContext(Target(base_url=base_url), options=RunOptions(node_timeout_s=60), auth_profile=load_auth_profile(auth),
-                     variables={"evidence_dir": str(tmp_path / "evidence")})
+    ctx = RunContext(
+        Target(base_url=base_url),
+        options=RunOptions(node_timeout_s=60),
+        auth_profile=load_auth_profile(auth),
+        variables={"evidence_dir": str(tmp_path / "evidence")},
+    )
     try:
         report = Engine(loaded.dag, ctx).run()
     finally:
@@ -244,10 +275,16 @@ def test_session_login_with_html_csrf_then_protected_page(app: tuple[str, App], 
     base, state = app
     auth = write_profile(tmp_path, {"session": session_scheme()})
     nodes, ctx = evaluate(
-        tmp_path, base, auth,
+        tmp_path,
+        base,
+        auth,
         node("ANON_IS_REDIRECTED", ("P04", {"path": "/superset/welcome/"}), ("P15", {"expected_status": 302})),
-        node("SESSION_LOGIN", ("P13", {"role": "admin", "method": "session"}),
-             ("P04", {"path": "/superset/welcome/"}), ("P15", {"expected_status": 200})),
+        node(
+            "SESSION_LOGIN",
+            ("P13", {"role": "admin", "method": "session"}),
+            ("P04", {"path": "/superset/welcome/"}),
+            ("P15", {"expected_status": 200}),
+        ),
     )
     assert nodes["ANON_IS_REDIRECTED"].status is Status.PASSED, nodes["ANON_IS_REDIRECTED"].message
     assert nodes["SESSION_LOGIN"].status is Status.PASSED, step_messages(nodes["SESSION_LOGIN"])
@@ -265,9 +302,15 @@ def test_css_selector_and_follow_redirects(app: tuple[str, App], tmp_path: Path)
     followed = {"follow_redirects": True, "ok_statuses": [200]}  # POST -> / -> /superset/welcome/ (200)
     auth = write_profile(tmp_path, {"css": session_scheme(**css), "followed": session_scheme(**followed)})
     nodes, _ = evaluate(
-        tmp_path, base, auth,
-        node("CSS", ("P13", {"role": "gamma", "method": "css"}), ("P04", {"path": "/superset/welcome/"}),
-             ("P15", {"expected_status": 200})),
+        tmp_path,
+        base,
+        auth,
+        node(
+            "CSS",
+            ("P13", {"role": "gamma", "method": "css"}),
+            ("P04", {"path": "/superset/welcome/"}),
+            ("P15", {"expected_status": 200}),
+        ),
         node("FOLLOWED", ("P13", {"role": "admin", "method": "followed"})),
         node("FOLLOWED_WRONG", ("P13", {"role": "admin", "method": "followed", "credentials": {"password": "nope"}})),
     )
@@ -283,9 +326,16 @@ def test_css_selector_and_follow_redirects(app: tuple[str, App], tmp_path: Path)
 def test_wrong_password_is_credentials_rejected(app: tuple[str, App], tmp_path: Path) -> None:
     base, state = app
     auth = write_profile(tmp_path, {"session": session_scheme()})
-    nodes, ctx = evaluate(tmp_path, base, auth,
-                          node("WRONG", ("P13", {"role": "admin", "credentials": {"password": "wrong"}}),
-                               ("P04", {"path": "/superset/welcome/"})))
+    nodes, ctx = evaluate(
+        tmp_path,
+        base,
+        auth,
+        node(
+            "WRONG",
+            ("P13", {"role": "admin", "credentials": {"password": "wrong"}}),
+            ("P04", {"path": "/superset/welcome/"}),
+        ),
+    )
     result = nodes["WRONG"]
     assert result.status is Status.FAILED
     assert [s.type for s in result.steps] == ["P13"]  # the binary chain stopped at the login
@@ -297,12 +347,17 @@ def test_wrong_password_is_credentials_rejected(app: tuple[str, App], tmp_path: 
 
 def test_form_rerendered_with_200_is_rejected_by_failure_body_regex(app: tuple[str, App], tmp_path: Path) -> None:
     base, state = app
-    rerender = session_scheme(path="/login200/", ok_statuses=[200, 302], success_redirect_not=None,
-                              failure_body_regex=r"Invalid login\.")
+    rerender = session_scheme(
+        path="/login200/", ok_statuses=[200, 302], success_redirect_not=None, failure_body_regex=r"Invalid login\."
+    )
     auth = write_profile(tmp_path, {"session": rerender})
-    nodes, _ = evaluate(tmp_path, base, auth,
-                        node("RIGHT", ("P13", {"role": "admin"})),
-                        node("WRONG", ("P13", {"role": "gamma", "credentials": {"password": "GammaPass12"}})))
+    nodes, _ = evaluate(
+        tmp_path,
+        base,
+        auth,
+        node("RIGHT", ("P13", {"role": "admin"})),
+        node("WRONG", ("P13", {"role": "gamma", "credentials": {"password": "GammaPass12"}})),
+    )
     assert nodes["RIGHT"].status is Status.PASSED, step_messages(nodes["RIGHT"])
     message = nodes["WRONG"].steps[0].message
     assert nodes["WRONG"].status is Status.FAILED
@@ -313,22 +368,41 @@ def test_form_rerendered_with_200_is_rejected_by_failure_body_regex(app: tuple[s
 # --- (c) extraction that finds nothing ---------------------------------------------------------------
 def test_pattern_that_matches_nothing_says_which_pattern_on_which_page(app: tuple[str, App], tmp_path: Path) -> None:
     base, state = app
-    bad_regex = {"prelogin": {"path": "/login/", "extract": {"csrf_token": {"regex": 'name="authenticity_token" value="([^"]+)"'}}}}
-    bad_css = {"prelogin": {"path": "/login/", "extract": {"csrf_token": {"css": "meta[name=csrf-token]", "attr": "content"}}}}
-    no_attr = {"prelogin": {"path": "/login/", "extract": {"csrf_token": {"css": "input#csrf_token", "attr": "data-token"}}}}
-    auth = write_profile(tmp_path, {"regex": session_scheme(**bad_regex), "css": session_scheme(**bad_css),
-                                    "attr": session_scheme(**no_attr)})
-    nodes, _ = evaluate(tmp_path, base, auth,
-                        node("REGEX", ("P13", {"role": "admin", "method": "regex"})),
-                        node("CSS", ("P13", {"role": "admin", "method": "css"})),
-                        node("ATTR", ("P13", {"role": "admin", "method": "attr"})))
+    bad_regex = {
+        "prelogin": {
+            "path": "/login/",
+            "extract": {"csrf_token": {"regex": 'name="authenticity_token" value="([^"]+)"'}},
+        }
+    }
+    bad_css = {
+        "prelogin": {"path": "/login/", "extract": {"csrf_token": {"css": "meta[name=csrf-token]", "attr": "content"}}}
+    }
+    no_attr = {
+        "prelogin": {"path": "/login/", "extract": {"csrf_token": {"css": "input#csrf_token", "attr": "data-token"}}}
+    }
+    auth = write_profile(
+        tmp_path,
+        {"regex": session_scheme(**bad_regex), "css": session_scheme(**bad_css), "attr": session_scheme(**no_attr)},
+    )
+    nodes, _ = evaluate(
+        tmp_path,
+        base,
+        auth,
+        node("REGEX", ("P13", {"role": "admin", "method": "regex"})),
+        node("CSS", ("P13", {"role": "admin", "method": "css"})),
+        node("ATTR", ("P13", {"role": "admin", "method": "attr"})),
+    )
     regex_msg = nodes["REGEX"].steps[0].message
     assert nodes["REGEX"].status is Status.FAILED
     assert "pre-login GET /login/" in regex_msg and "authenticity_token" in regex_msg and "matched nothing" in regex_msg
     assert "'csrf_token'" in regex_msg
     css_msg = nodes["CSS"].steps[0].message
     assert nodes["CSS"].status is Status.FAILED
-    assert "pre-login GET /login/" in css_msg and "css 'meta[name=csrf-token]'" in css_msg and "matched no element" in css_msg
+    assert (
+        "pre-login GET /login/" in css_msg
+        and "css 'meta[name=csrf-token]'" in css_msg
+        and "matched no element" in css_msg
+    )
     attr_msg = nodes["ATTR"].steps[0].message
     assert "matched <input>, which has no 'data-token' attribute" in attr_msg
     assert not any(path == "/login/" and "logged in" in what for path, what in state.log)
@@ -336,7 +410,9 @@ def test_pattern_that_matches_nothing_says_which_pattern_on_which_page(app: tupl
 
 
 def test_unsupported_selectors_and_bad_regexes_are_profile_errors(tmp_path: Path) -> None:
-    combinator = write_profile(tmp_path, {"s": session_scheme(prelogin={"extract": {"t": {"css": "form input[name=csrf_token]"}}})})
+    combinator = write_profile(
+        tmp_path, {"s": session_scheme(prelogin={"extract": {"t": {"css": "form input[name=csrf_token]"}}})}
+    )
     with pytest.raises(AuthProfileError, match="unsupported CSS selector 'form input"):
         load_auth_profile(combinator)
     regex = write_profile(tmp_path, {"s": session_scheme(failure_location_regex="(/login")})
@@ -356,18 +432,32 @@ def test_without_the_prelogin_token_the_app_refuses(app: tuple[str, App], tmp_pa
     no_prelogin = session_scheme(prelogin=None, body={"username": "{{username}}", "password": "{{password}}"})
     forged = session_scheme(body={"username": "{{username}}", "password": "{{password}}", "csrf_token": "forged-token"})
     unknown = session_scheme(prelogin=None)  # the body still names {{csrf_token}}, which nothing provides
-    auth = write_profile(tmp_path, {"plain": no_prelogin, "forged": forged, "unknown": unknown, "good": session_scheme()})
-    nodes, _ = evaluate(tmp_path, base, auth,
-                        node("PLAIN", ("P13", {"role": "admin", "method": "plain"})),
-                        node("FORGED", ("P13", {"role": "admin", "method": "forged"})),
-                        node("UNKNOWN", ("P13", {"role": "admin", "method": "unknown"})),
-                        node("GOOD", ("P13", {"role": "admin", "method": "good"})))
+    auth = write_profile(
+        tmp_path, {"plain": no_prelogin, "forged": forged, "unknown": unknown, "good": session_scheme()}
+    )
+    nodes, _ = evaluate(
+        tmp_path,
+        base,
+        auth,
+        node("PLAIN", ("P13", {"role": "admin", "method": "plain"})),
+        node("FORGED", ("P13", {"role": "admin", "method": "forged"})),
+        node("UNKNOWN", ("P13", {"role": "admin", "method": "unknown"})),
+        node("GOOD", ("P13", {"role": "admin", "method": "good"})),
+    )
     assert nodes["PLAIN"].status is Status.FAILED and "credentials rejected" in nodes["PLAIN"].steps[0].message
     assert nodes["FORGED"].status is Status.FAILED and "credentials rejected" in nodes["FORGED"].steps[0].message
     unknown_msg = nodes["UNKNOWN"].steps[0].message
-    assert nodes["UNKNOWN"].status is Status.FAILED and "{{csrf_token}}" in unknown_msg and "pre-login value (none)" in unknown_msg
+    assert (
+        nodes["UNKNOWN"].status is Status.FAILED
+        and "{{csrf_token}}" in unknown_msg
+        and "pre-login value (none)" in unknown_msg
+    )
     assert nodes["GOOD"].status is Status.PASSED, step_messages(nodes["GOOD"])
-    assert [what for path, what in state.log if path == "/login/"] == ["no session cookie", "bad csrf token", "logged in admin"]
+    assert [what for path, what in state.log if path == "/login/"] == [
+        "no session cookie",
+        "bad csrf token",
+        "logged in admin",
+    ]
 
 
 # --- the Superset example profile: JWT API with CSRF ------------------------------------------------
@@ -375,17 +465,41 @@ def test_superset_example_profile_api_and_session(app: tuple[str, App], tmp_path
     base, state = app
     profile = load_auth_profile(SUPERSET_EXAMPLE)
     assert profile.default_scheme == "jwt" and profile.browser_scheme == "session"
-    assert {r: u["username"] for r, u in profile.users.items()} == {"admin": "admin", "gamma": "gamma_eval", "alpha": "alpha_eval"}
+    assert {r: u["username"] for r, u in profile.users.items()} == {
+        "admin": "admin",
+        "gamma": "gamma_eval",
+        "alpha": "alpha_eval",
+    }
     assert all(u["email"] == f"{u['username']}@test.com" for u in profile.users.values())
     nodes, _ = evaluate(
-        tmp_path, base, SUPERSET_EXAMPLE,
-        node("API", ("P13", {"role": "gamma"}), ("P04", {"method": "POST", "path": "/api/v1/dashboard/", "body": {"title": "x"}}),
-             ("P15", {"expected_status": 201})),
-        node("API_NO_CSRF", ("P04", {"method": "POST", "path": "/api/v1/dashboard/", "body": {"title": "y"},
-                                     "headers": {"Authorization": "Bearer {{gamma_token}}"}}),
-             ("P15", {"expected_status": 400})),
-        node("BROWSER_LOGIN", ("P13", {"role": "alpha", "method": "session"}), ("P04", {"path": "/superset/welcome/"}),
-             ("P15", {"expected_status": 200})),
+        tmp_path,
+        base,
+        SUPERSET_EXAMPLE,
+        node(
+            "API",
+            ("P13", {"role": "gamma"}),
+            ("P04", {"method": "POST", "path": "/api/v1/dashboard/", "body": {"title": "x"}}),
+            ("P15", {"expected_status": 201}),
+        ),
+        node(
+            "API_NO_CSRF",
+            (
+                "P04",
+                {
+                    "method": "POST",
+                    "path": "/api/v1/dashboard/",
+                    "body": {"title": "y"},
+                    "headers": {"Authorization": "Bearer {{gamma_token}}"},
+                },
+            ),
+            ("P15", {"expected_status": 400}),
+        ),
+        node(
+            "BROWSER_LOGIN",
+            ("P13", {"role": "alpha", "method": "session"}),
+            ("P04", {"path": "/superset/welcome/"}),
+            ("P15", {"expected_status": 200}),
+        ),
     )
     for name in ("API", "API_NO_CSRF", "BROWSER_LOGIN"):
         assert nodes[name].status is Status.PASSED, (name, step_messages(nodes[name]))
@@ -402,7 +516,9 @@ def test_browser_scheme_renders_the_logged_in_page(app: tuple[str, App], tmp_pat
         import playwright  # noqa: F401
     except ImportError:  # pragma: no cover
         pytest.fail("needs playwright (pip install -e '.[browser]') and chromium (apt-get install chromium)")
-    assert find_chromium(), "needs chromium (apt-get install chromium)"  # as tests/test_primitives_browser.py: fail, not skip
+    assert find_chromium(), (
+        "needs chromium (apt-get install chromium)"
+    )  # as tests/test_primitives_browser.py: fail, not skip
 
     base, state = app
     example = yaml.safe_load(SUPERSET_EXAMPLE.read_text())
@@ -413,9 +529,12 @@ def test_browser_scheme_renders_the_logged_in_page(app: tuple[str, App], tmp_pat
     without_browser = tmp_path / "without-browser.yaml"
     without_browser.write_text(yaml.safe_dump(without))
 
-    steps = [("P13", {"role": "admin"}),
-             ("RENDER_DOM", {"url": "/superset/welcome/", "settle_ms": 0, "wait_until": "load"}),
-             ("P04", {"path": "/api/v1/me/"}), ("P15", {"expected_status": 200})]
+    steps = [
+        ("P13", {"role": "admin"}),
+        ("RENDER_DOM", {"url": "/superset/welcome/", "settle_ms": 0, "wait_until": "load"}),
+        ("P04", {"path": "/api/v1/me/"}),
+        ("P15", {"expected_status": 200}),
+    ]
     nodes, ctx = evaluate(tmp_path, base, with_browser, node("UI", *steps))
     ui = nodes["UI"]
     assert ui.status is Status.PASSED, step_messages(ui)
@@ -435,7 +554,9 @@ def test_browser_scheme_renders_the_logged_in_page(app: tuple[str, App], tmp_pat
     assert [what for path, what in state.log if path == "/login/"] == ["logged in admin"]  # no second session login
 
 
-def test_browser_identity_reuses_the_active_credentials_and_keeps_the_active_identity(app: tuple[str, App], tmp_path: Path) -> None:
+def test_browser_identity_reuses_the_active_credentials_and_keeps_the_active_identity(
+    app: tuple[str, App], tmp_path: Path
+) -> None:
     base, state = app
     ctx = RunContext(Target(base_url=base), auth_profile=load_auth_profile(SUPERSET_EXAMPLE))
     try:

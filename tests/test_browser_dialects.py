@@ -51,7 +51,9 @@ PAGES = {
 <div id="ghost" style="visibility:hidden">ghost</div>
 <div id="faded" style="opacity:0.3">faded</div>
 <div style="opacity:0.5"><span id="inner">inside a half-transparent parent</span></div>
-<div id="gone" style="opacity:0">gone</div>""" + FILLER + "</body></html>",
+<div id="gone" style="opacity:0">gone</div>"""
+    + FILLER
+    + "</body></html>",
 }
 
 
@@ -107,21 +109,30 @@ def test_p18_without_url_opens_the_root_and_names_step_screenshots(ctx: RunConte
 
 
 def test_p18_new_actions_and_no_op_steps(ctx: RunContext) -> None:
-    result = run(ctx, "P18", {"settle_ms": 0, "action_timeout_ms": 3000, "steps": [
-        {"action": "navigate", "url": "/interact.html"},
-        {"action": "mouse_move", "x": 40, "y": 30},
-        {"action": "assert_text", "selector": "#pos", "text": "pos 40,30"},
-        {"action": "press", "key": "c"},
-        {"action": "wait_for_text", "text": "chat open"},
-        {"action": "scroll", "direction": "bottom"},
-        {"action": "expect_text", "selector": "#scroll", "value": "scrolled"},
-        {"action": "refresh"},
-        {"action": "expect_text", "selector": "#loads", "value": "loads 2"},
-        {"action": "goto", "url": "/"},
-        {"action": "goBack"},
-        {"action": "waitForSelector", "selector": "#loads"},
-        {"action": "evaluate", "script": "document.body.innerHTML = 'faked'"},
-        {"action": "wait", "timeout": 50}]})
+    result = run(
+        ctx,
+        "P18",
+        {
+            "settle_ms": 0,
+            "action_timeout_ms": 3000,
+            "steps": [
+                {"action": "navigate", "url": "/interact.html"},
+                {"action": "mouse_move", "x": 40, "y": 30},
+                {"action": "assert_text", "selector": "#pos", "text": "pos 40,30"},
+                {"action": "press", "key": "c"},
+                {"action": "wait_for_text", "text": "chat open"},
+                {"action": "scroll", "direction": "bottom"},
+                {"action": "expect_text", "selector": "#scroll", "value": "scrolled"},
+                {"action": "refresh"},
+                {"action": "expect_text", "selector": "#loads", "value": "loads 2"},
+                {"action": "goto", "url": "/"},
+                {"action": "goBack"},
+                {"action": "waitForSelector", "selector": "#loads"},
+                {"action": "evaluate", "script": "document.body.innerHTML = 'faked'"},
+                {"action": "wait", "timeout": 50},
+            ],
+        },
+    )
     assert result.passed, result.message
     steps = result.evidence["steps"]
     assert [s["passed"] for s in steps] == [True] * 14
@@ -129,28 +140,52 @@ def test_p18_new_actions_and_no_op_steps(ctx: RunContext) -> None:
     assert "1 no-op step(s) not run: 'evaluate'" in result.message
     assert result.evidence["final_url"].endswith("/interact.html")
     assert "faked" not in ctx.vars["rendered_dom"] and "loads" in ctx.vars["rendered_dom"]
-    missing = run(ctx, "P18", {"url": "/interact.html", "settle_ms": 0, "steps": [
-        {"action": "expect_text", "value": "never shown", "timeout": 400}]})
+    missing = run(
+        ctx,
+        "P18",
+        {
+            "url": "/interact.html",
+            "settle_ms": 0,
+            "steps": [{"action": "expect_text", "value": "never shown", "timeout": 400}],
+        },
+    )
     assert not missing.passed and "text 'never shown' not found within 0.4s" in missing.message
 
 
 def test_screenshot_runs_its_actions_best_effort(ctx: RunContext) -> None:
-    result = run(ctx, "SCREENSHOT", {"url": "{{base_url}}/interact.html", "name": "UI_CHAT", "settle_ms": 0,
-                                     "actions": [{"action": "mousemove"}, {"action": "press", "key": "c"},
-                                                 {"action": "wait", "timeout": 100}]})
+    result = run(
+        ctx,
+        "SCREENSHOT",
+        {
+            "url": "{{base_url}}/interact.html",
+            "name": "UI_CHAT",
+            "settle_ms": 0,
+            "actions": [{"action": "mousemove"}, {"action": "press", "key": "c"}, {"action": "wait", "timeout": 100}],
+        },
+    )
     assert result.passed, result.message
     assert [a["passed"] for a in result.evidence["actions"]] == [True, True, True]
     assert "chat open" in ctx.vars["rendered_dom"]  # the DOM after the actions, as the screenshot shows it
     assert Path(result.evidence["screenshot"]["path"]).name.endswith("-UI_CHAT.png")
-    partial = run(ctx, "SCREENSHOT", {"url": "/interact.html", "settle_ms": 0,
-                                      "actions": [{"action": "click", "selector": "#missing", "timeout": 300}]})
+    partial = run(
+        ctx,
+        "SCREENSHOT",
+        {
+            "url": "/interact.html",
+            "settle_ms": 0,
+            "actions": [{"action": "click", "selector": "#missing", "timeout": 300}],
+        },
+    )
     assert partial.passed and "1/1 action(s) failed (best effort)" in partial.message
 
 
 def test_p19_visibility_checks(ctx: RunContext) -> None:
     def holds(assertion: dict[str, Any]) -> bool:
-        result = run(ctx, "P19", {"url": "/visibility.html", "settle_ms": 0, "assertion_timeout_ms": 300,
-                                  "assertions": [assertion]})
+        result = run(
+            ctx,
+            "P19",
+            {"url": "/visibility.html", "settle_ms": 0, "assertion_timeout_ms": 300, "assertions": [assertion]},
+        )
         return result.passed
 
     assert holds({"selector": "#shown", "check": "visible"})

@@ -25,10 +25,23 @@ def invoke(*args: Any):
     return runner.invoke(app, [str(a) for a in args], env=WIDE)
 
 
-def node(node_id: str, steps: list[dict[str, Any]], *, category: str = "Deployment", method: str = "binary",
-         max_score: float = 1, prereqs: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"id": node_id, "prereqs": prereqs or [], "steps": steps,
-            "scoring": {"category": category, "method": method, "maxScore": max_score}, **extra}
+def node(
+    node_id: str,
+    steps: list[dict[str, Any]],
+    *,
+    category: str = "Deployment",
+    method: str = "binary",
+    max_score: float = 1,
+    prereqs: list[str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "id": node_id,
+        "prereqs": prereqs or [],
+        "steps": steps,
+        "scoring": {"category": category, "method": method, "maxScore": max_score},
+        **extra,
+    }
 
 
 def write_dag(path: Path, nodes: list[dict[str, Any]], **meta: Any) -> Path:
@@ -38,14 +51,43 @@ def write_dag(path: Path, nodes: list[dict[str, Any]], **meta: Any) -> Path:
 
 @pytest.fixture
 def valid_dag(tmp_path: Path) -> Path:
-    return write_dag(tmp_path / "dag.json", [
-        node("LOGIN", [{"type": "P13", "inputs": {"role": "admin"}}], category="Authentication", max_score=5, prereqs=["README"]),
-        node("README", [{"type": "P01", "inputs": {"path": "README.md"}},
-                        {"type": "P02", "inputs": {"path": "README.md", "pattern": "hello"}}], method="weighted", max_score=3),
-        node("NEEDS_LOGIN", [{"type": "P01", "inputs": {"path": "README.md"}}], category="Authentication", max_score=2, prereqs=["LOGIN"]),
-        node("LOGOUT", [{"type": "P01", "inputs": {"path": "README.md"}}], category="Authentication", max_score=0, run_last=True),
-        node("LEGACY", [{"primitive": "P03", "inputs": {"pattern": "*.md"}}], method="llm_judge", max_score=0),
-    ], task_id="task_demo")
+    return write_dag(
+        tmp_path / "dag.json",
+        [
+            node(
+                "LOGIN",
+                [{"type": "P13", "inputs": {"role": "admin"}}],
+                category="Authentication",
+                max_score=5,
+                prereqs=["README"],
+            ),
+            node(
+                "README",
+                [
+                    {"type": "P01", "inputs": {"path": "README.md"}},
+                    {"type": "P02", "inputs": {"path": "README.md", "pattern": "hello"}},
+                ],
+                method="weighted",
+                max_score=3,
+            ),
+            node(
+                "NEEDS_LOGIN",
+                [{"type": "P01", "inputs": {"path": "README.md"}}],
+                category="Authentication",
+                max_score=2,
+                prereqs=["LOGIN"],
+            ),
+            node(
+                "LOGOUT",
+                [{"type": "P01", "inputs": {"path": "README.md"}}],
+                category="Authentication",
+                max_score=0,
+                run_last=True,
+            ),
+            node("LEGACY", [{"primitive": "P03", "inputs": {"pattern": "*.md"}}], method="llm_judge", max_score=0),
+        ],
+        task_id="task_demo",
+    )
 
 
 @pytest.fixture
@@ -84,7 +126,9 @@ def test_help_lists_commands() -> None:
         assert command in result.output
 
 
-@pytest.mark.parametrize("args", [["dag", "check"], ["dag", "plan"], ["evaluate"], ["primitives", "list"], ["demo"], ["version"]])
+@pytest.mark.parametrize(
+    "args", [["dag", "check"], ["dag", "plan"], ["evaluate"], ["primitives", "list"], ["demo"], ["version"]]
+)
 def test_every_command_has_help_with_an_example(args: list[str]) -> None:
     result = invoke(*args, "--help")
     assert result.exit_code == 0, result.output
@@ -93,12 +137,15 @@ def test_every_command_has_help_with_an_example(args: list[str]) -> None:
 
 def test_console_script_help_is_light() -> None:
     """`saasbench --help` works as a process and loads neither httpx nor the engine."""
-    code = ("import sys; from saasbench.cli.main import main; sys.argv = ['saasbench', '--help']\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "heavy = [m for m in ('httpx', 'saasbench.evaluation.engine', 'saasbench.dag', 'saasbench.primitives.files') if m in sys.modules]\n"
-            "print('HEAVY', heavy)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, **WIDE})
+    code = (
+        "import sys; from saasbench.cli.main import main; sys.argv = ['saasbench', '--help']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "heavy = [m for m in ('httpx', 'saasbench.evaluation.engine', 'saasbench.dag', 'saasbench.primitives.files') if m in sys.modules]\n"
+        "print('HEAVY', heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **WIDE}
+    )
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout
     assert "evaluate" in out.stdout
@@ -201,11 +248,25 @@ def test_primitives_list() -> None:
 
 
 # --- evaluate ----------------------------------------------------------------------------------------
-def test_evaluate_unreachable_app_still_writes_a_report(tmp_path: Path, valid_dag: Path, workspace: Path,
-                                                        auth_profile: Path, dead_url: str) -> None:
+def test_evaluate_unreachable_app_still_writes_a_report(
+    tmp_path: Path, valid_dag: Path, workspace: Path, auth_profile: Path, dead_url: str
+) -> None:
     out = tmp_path / "out"
-    result = invoke("evaluate", "--dag", valid_dag, "--base-url", dead_url, "--workspace", workspace,
-                    "--auth", auth_profile, "--out", out, "--http-timeout", "2")
+    result = invoke(
+        "evaluate",
+        "--dag",
+        valid_dag,
+        "--base-url",
+        dead_url,
+        "--workspace",
+        workspace,
+        "--auth",
+        auth_profile,
+        "--out",
+        out,
+        "--http-timeout",
+        "2",
+    )
     assert result.exit_code == 0, result.output
     assert "does not answer" in result.output  # the pre-flight warning
     report = json.loads((out / "report.json").read_text())
@@ -253,12 +314,15 @@ def test_evaluate_bad_auth_profile(tmp_path: Path, valid_dag: Path, dead_url: st
     assert result.exit_code == 2 and "cannot read auth profile" in result.output
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--base-url", "localhost:8000"], "not an http(s) URL"),
-    (["--base-url", "http://127.0.0.1:1", "--var", "novalue"], "NAME=VALUE"),
-    (["--base-url", "http://127.0.0.1:1", "--only", "NOPE"], "NOPE"),
-    (["--base-url", "http://127.0.0.1:1", "--compat", "lenient"], "lenient"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--base-url", "localhost:8000"], "not an http(s) URL"),
+        (["--base-url", "http://127.0.0.1:1", "--var", "novalue"], "NAME=VALUE"),
+        (["--base-url", "http://127.0.0.1:1", "--only", "NOPE"], "NOPE"),
+        (["--base-url", "http://127.0.0.1:1", "--compat", "lenient"], "lenient"),
+    ],
+)
 def test_evaluate_bad_options(valid_dag: Path, args: list[str], needle: str) -> None:
     result = invoke("evaluate", "--dag", valid_dag, *args)
     assert result.exit_code == 2 and needle in result.output
@@ -272,10 +336,13 @@ def test_evaluate_dry_run_sends_nothing(tmp_path: Path, valid_dag: Path, dead_ur
     assert {n["status"] for n in report["nodes"]} == {"DRY_RUN"}
 
 
-def test_evaluate_default_out_dir(tmp_path: Path, valid_dag: Path, workspace: Path, dead_url: str,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_evaluate_default_out_dir(
+    tmp_path: Path, valid_dag: Path, workspace: Path, dead_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
-    result = invoke("evaluate", "--dag", valid_dag, "--base-url", dead_url, "--workspace", workspace, "--only", "README")
+    result = invoke(
+        "evaluate", "--dag", valid_dag, "--base-url", dead_url, "--workspace", workspace, "--only", "README"
+    )
     assert result.exit_code == 0, result.output
     (report,) = list((tmp_path / "runs").glob("*-task_demo/report.json"))
     assert [n["id"] for n in json.loads(report.read_text())["nodes"]] == ["README"]
@@ -298,16 +365,33 @@ def teamnotes(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 def test_evaluate_against_a_live_app_with_vars_and_quarantine(tmp_path: Path, teamnotes: tuple[str, Path]) -> None:
     base_url, ws = teamnotes
-    dag = write_dag(tmp_path / "dag.json", [
-        node("README", [{"type": "P01", "inputs": {"path": "{{readme_name}}"}}], max_score=2),
-        node("MISSING", [{"type": "P01", "inputs": {"path": "does-not-exist.txt"}}], max_score=3, category="Other"),
-        node("AFTER", [{"type": "P01", "inputs": {"path": "README.md"}}], max_score=1, prereqs=["MISSING"]),
-    ])
+    dag = write_dag(
+        tmp_path / "dag.json",
+        [
+            node("README", [{"type": "P01", "inputs": {"path": "{{readme_name}}"}}], max_score=2),
+            node("MISSING", [{"type": "P01", "inputs": {"path": "does-not-exist.txt"}}], max_score=3, category="Other"),
+            node("AFTER", [{"type": "P01", "inputs": {"path": "README.md"}}], max_score=1, prereqs=["MISSING"]),
+        ],
+    )
     qfile = tmp_path / "quarantine.txt"
     qfile.write_text("# flaky\nMISSING\n")
     out = tmp_path / "o"
-    result = invoke("evaluate", "--dag", dag, "--base-url", base_url, "--workspace", ws, "--var", "readme_name=README.md",
-                    "--quarantine", qfile, "--out", out, "--require-up")
+    result = invoke(
+        "evaluate",
+        "--dag",
+        dag,
+        "--base-url",
+        base_url,
+        "--workspace",
+        ws,
+        "--var",
+        "readme_name=README.md",
+        "--quarantine",
+        qfile,
+        "--out",
+        out,
+        "--require-up",
+    )
     assert result.exit_code == 0, result.output
     assert "does not answer" not in result.output
     report = json.loads((out / "report.json").read_text())

@@ -12,14 +12,20 @@ from saasbench.environments.docker import L_TRIAL
 
 
 def _cli(*args: str, env: dict[str, str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "saasbench.cli.main", *args], env=env, capture_output=True, text=True,
-                          timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "saasbench.cli.main", *args], env=env, capture_output=True, text=True, timeout=120, **kw
+    )
 
 
 def test_env_up_exec_and_teardown(docker_client, python_image):  # noqa: F811
     env = {**os.environ, "DOCKER_HOST": docker_client.saasbench_base_url, "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-m", "saasbench.cli.main", "env", "up", "timetrack", "--backend", "docker"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "saasbench.cli.main", "env", "up", "timetrack", "--backend", "docker"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     trial = None
     try:

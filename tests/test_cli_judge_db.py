@@ -27,16 +27,43 @@ def teamnotes(tmp_path):
 
 def _dag(path: Path) -> Path:
     nodes = [
-        {"id": "HEALTH", "steps": [{"type": "P04", "inputs": {"method": "GET", "path": "/api/health"}},
-                                   {"type": "P15", "inputs": {"expected_status": 200}}],
-         "scoring": {"category": "Deployment", "method": "binary", "maxScore": 2}},
-        {"id": "DB_ROW", "steps": [{"type": "P08", "inputs": {"sql": "SELECT name FROM items WHERE name = '{{item}}'",
-                                                               "expected_result": {"name": "{{item}}"}}}],
-         "scoring": {"category": "DataModel", "method": "binary", "maxScore": 3}},
-        {"id": "ARCH", "prereqs": ["HEALTH"],
-         "steps": [{"type": "P17", "inputs": {"evidence_type": "code_files", "files_to_sample": ["app/"],
-                                              "rubric_prompt": "Judge the layout. Score 0-4.", "score_range": [0, 4]}}],
-         "scoring": {"category": "ArchitectureQuality", "method": "llm-judge", "maxScore": 8}},
+        {
+            "id": "HEALTH",
+            "steps": [
+                {"type": "P04", "inputs": {"method": "GET", "path": "/api/health"}},
+                {"type": "P15", "inputs": {"expected_status": 200}},
+            ],
+            "scoring": {"category": "Deployment", "method": "binary", "maxScore": 2},
+        },
+        {
+            "id": "DB_ROW",
+            "steps": [
+                {
+                    "type": "P08",
+                    "inputs": {
+                        "sql": "SELECT name FROM items WHERE name = '{{item}}'",
+                        "expected_result": {"name": "{{item}}"},
+                    },
+                }
+            ],
+            "scoring": {"category": "DataModel", "method": "binary", "maxScore": 3},
+        },
+        {
+            "id": "ARCH",
+            "prereqs": ["HEALTH"],
+            "steps": [
+                {
+                    "type": "P17",
+                    "inputs": {
+                        "evidence_type": "code_files",
+                        "files_to_sample": ["app/"],
+                        "rubric_prompt": "Judge the layout. Score 0-4.",
+                        "score_range": [0, 4],
+                    },
+                }
+            ],
+            "scoring": {"category": "ArchitectureQuality", "method": "llm-judge", "maxScore": 8},
+        },
     ]
     path.write_text(json.dumps({"meta": {"task_id": "cli-judge"}, "nodes": nodes}))
     return path
@@ -52,10 +79,28 @@ def test_evaluate_with_judge_and_database(teamnotes, tmp_path, monkeypatch):
     out = tmp_path / "out"
     with FakeLLM() as llm:
         llm.queue(Reply.json({"score": 3, "reasoning": "clear modules"}))
-        result = runner.invoke(app, ["evaluate", "--dag", str(_dag(tmp_path / "dag.json")), "--base-url", base_url,
-                                     "--workspace", str(ws), "--db-dsn", f"sqlite:///{db}", "--out", str(out),
-                                     "--var", "item=x'); DROP TABLE items; --",
-                                     "--judge-model", "openai/fake", "--judge-api-base", llm.base_url])
+        result = runner.invoke(
+            app,
+            [
+                "evaluate",
+                "--dag",
+                str(_dag(tmp_path / "dag.json")),
+                "--base-url",
+                base_url,
+                "--workspace",
+                str(ws),
+                "--db-dsn",
+                f"sqlite:///{db}",
+                "--out",
+                str(out),
+                "--var",
+                "item=x'); DROP TABLE items; --",
+                "--judge-model",
+                "openai/fake",
+                "--judge-api-base",
+                llm.base_url,
+            ],
+        )
         assert result.exit_code == 0, result.output
         assert len(llm.chat_requests) == 1
     report = json.loads((out / "report.json").read_text())
@@ -72,8 +117,22 @@ def test_evaluate_with_judge_and_database(teamnotes, tmp_path, monkeypatch):
 def test_evaluate_without_judge_skips_llm_nodes(teamnotes, tmp_path):
     base_url, ws = teamnotes
     out = tmp_path / "out"
-    result = runner.invoke(app, ["evaluate", "--dag", str(_dag(tmp_path / "dag.json")), "--base-url", base_url,
-                                 "--workspace", str(ws), "--out", str(out), "--var", "item=a"])
+    result = runner.invoke(
+        app,
+        [
+            "evaluate",
+            "--dag",
+            str(_dag(tmp_path / "dag.json")),
+            "--base-url",
+            base_url,
+            "--workspace",
+            str(ws),
+            "--out",
+            str(out),
+            "--var",
+            "item=a",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     nodes = {n["id"]: n for n in report["nodes"]}

@@ -20,8 +20,11 @@ EXPECTED = {
     "task_gavmyneb": (["web", "worker", "db", "redis"], "web", []),
     "task_hhrdixum": (["app", "db", "cache"], "app", []),
     "task_ididetxj": (["db", "redis", "app"], "app", ["SECRET_KEY", "UTILS_SECRET"]),
-    "task_iyjruvfz": (["app", "postgres", "redis", "mock-receiver"], "app",
-                      ["APP_ENCRYPTION_KEY", "CRON_API_KEY", "JWT_SECRET", "NEXTAUTH_SECRET"]),
+    "task_iyjruvfz": (
+        ["app", "postgres", "redis", "mock-receiver"],
+        "app",
+        ["APP_ENCRYPTION_KEY", "CRON_API_KEY", "JWT_SECRET", "NEXTAUTH_SECRET"],
+    ),
     "task_jzssnoqp": (["app", "db", "worker", "redis"], "app", []),
     "task_kmasmnil": (["app", "db", "redis"], "app", []),
     "task_lgzivily": (["app", "db"], "app", []),
@@ -50,7 +53,9 @@ def test_every_public_compose_file_maps(task: str) -> None:
     # every ignored key says why
     assert spec.ignored and all(": " in item for item in spec.ignored)
     assert any(i.startswith("services.") and "container_name" in i for i in spec.ignored) or task in (
-        "task_cqfnbfay", "task_mjobbzsi")
+        "task_cqfnbfay",
+        "task_mjobbzsi",
+    )
     if missing:
         with pytest.raises(SpecError, match=missing[0] if task != "task_iyjruvfz" else "NEXTAUTH_SECRET"):
             import_compose(compose_of(task))
@@ -63,7 +68,9 @@ def test_keys_real_tasks_use_are_applied() -> None:
     hh = import_compose(compose_of("task_hhrdixum"))
     assert hh.services["app"].environment["APP_DB_ENGINE"] == "postgresql"
     assert any(i.startswith("x-app-env (top level)") for i in hh.ignored)
-    assert hh.services["db"].init_sql_target == "/docker-entrypoint-initdb.d/00-init.sql"  # the name orders init scripts
+    assert (
+        hh.services["db"].init_sql_target == "/docker-entrypoint-initdb.d/00-init.sql"
+    )  # the name orders init scripts
     assert hh.services["db"].aliases == ["postgres"] and hh.services["cache"].aliases == ["redis"]
     lg = import_compose(compose_of("task_lgzivily"), strict=False).services["app"]
     assert lg.entrypoint == [] and lg.command == ["bash", "-c", "tail -f /dev/null"]
@@ -106,8 +113,10 @@ def test_schema_violations_name_the_place(tmp_path: Path) -> None:
 # --- image map -------------------------------------------------------------------------------------
 def test_image_map_lookup_and_apply(tmp_path: Path) -> None:
     path = tmp_path / "map.yaml"
-    path.write_text("images:\n  postgres:16-alpine: local/pg:16\n  'shadetocloak/task_*-app:*':\n"
-                    "    image: local/app\n    command: [sleep, infinity]\n    note: toolchain stand-in\n")
+    path.write_text(
+        "images:\n  postgres:16-alpine: local/pg:16\n  'shadetocloak/task_*-app:*':\n"
+        "    image: local/app\n    command: [sleep, infinity]\n    note: toolchain stand-in\n"
+    )
     mapping = read_image_map(path)
     assert mapping.lookup("postgres:16-alpine").image == "local/pg:16"
     assert mapping.lookup("postgres:15") is None

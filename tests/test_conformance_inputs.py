@@ -20,9 +20,24 @@ from saasbench.dag import _notes, _warnings, load_dag
 from saasbench.primitives.registry import REGISTRY
 
 DAG_FILES = sorted(CONFORMANCE.glob("*/dag.json"))
-CHECKED_CODES = ("P01", "P02", "P03", "P04", "P05", "P06", "P07", "P13", "P14", "P15", "P16", "P22", "P23", "P26", "P29")
+CHECKED_CODES = (
+    "P01",
+    "P02",
+    "P03",
+    "P04",
+    "P05",
+    "P06",
+    "P07",
+    "P13",
+    "P14",
+    "P15",
+    "P16",
+    "P22",
+    "P23",
+    "P26",
+    "P29",
+)
 MUST_VALIDATE = ("P04", "P05", "P06", "P07", "P14", "P15", "P22", "P23", "P29")
-
 
 
 def test_conformance_dags_are_present() -> None:
@@ -74,8 +89,11 @@ def _validate(code: str, inputs: dict[str, Any]) -> tuple[Any, list[str]]:
 def test_dag_loads_without_errors_or_unknown_input_keys(path: Path) -> None:
     result = load_dag(path)  # raises DagLoadError listing every error
     assert result.dag.nodes
-    bad = [str(i) for i in result.issues
-           if i.kind == "warning" and " input " in i.message and any(i.message.startswith(c + " ") for c in CHECKED_CODES)]
+    bad = [
+        str(i)
+        for i in result.issues
+        if i.kind == "warning" and " input " in i.message and any(i.message.startswith(c + " ") for c in CHECKED_CODES)
+    ]
     assert not bad, "\n".join(bad)
     not_understood = [str(i) for i in result.issues if "not understood" in i.message and i.kind == "normalisation"]
     assert not not_understood, "\n".join(not_understood)
@@ -133,5 +151,19 @@ def test_every_p07_assertion_is_canonical() -> None:
             for a in model.assertions:
                 assert not (a.model_extra or {}), f"{path.parent.name} {node_id}: {a.model_extra}"
                 ops.add(a.op)
-    assert {"equals", "exists", "not_empty", "contains", "gt", "in", "matches_regex", "jwt_decode", "is_array",
-            "is_null", "not_null", "contains_text", "not_contains_id", "not_exists"} <= ops
+    assert {
+        "equals",
+        "exists",
+        "not_empty",
+        "contains",
+        "gt",
+        "in",
+        "matches_regex",
+        "jwt_decode",
+        "is_array",
+        "is_null",
+        "not_null",
+        "contains_text",
+        "not_contains_id",
+        "not_exists",
+    } <= ops

@@ -84,10 +84,16 @@ def test_mjobbzsi_smoke_dag_loads_and_runs_against_a_stub(stub, tmp_path):
     # Without a judge the llm-judge nodes are skipped before their evidence steps run; run those steps
     # too (P18 without a url, SCREENSHOT with actions) as binary nodes without their P17.
     evidence = load_dag(MJOBBZSI_SMOKE_DAG).dag
-    evidence.nodes = [n.model_copy(update={"steps": [s for s in n.steps if s.type != "P17"],
-                                           "scoring": n.scoring.model_copy(update={"method": "binary"})})
-                      for n in evidence.nodes
-                      if n.method == "llm-judge" and any(s.type in ("P18", "SCREENSHOT") for s in n.steps)]
+    evidence.nodes = [
+        n.model_copy(
+            update={
+                "steps": [s for s in n.steps if s.type != "P17"],
+                "scoring": n.scoring.model_copy(update={"method": "binary"}),
+            }
+        )
+        for n in evidence.nodes
+        if n.method == "llm-judge" and any(s.type in ("P18", "SCREENSHOT") for s in n.steps)
+    ]
     assert sorted(n.id for n in evidence.nodes) == ["UI_CHAT_EXPERIENCE", "UI_CONFERENCE_QUALITY", "UI_PREJOIN_QUALITY"]
     (tmp_path / "evidence").mkdir()
     shots = _run_against_stub(evidence, stub, tmp_path / "evidence")
@@ -99,16 +105,36 @@ def _run_against_stub(dag, stub, tmp_path):
         node.prereqs = []  # execute everything
     db = tmp_path / "app.db"
     sqlite3.connect(db).close()
-    roles = ["admin", "member", "member_restricted", "apikey", "gamma", "user_b", "limited", "user", "viewer",
-             "moderator", "participant", "visitor"]
-    profile = AuthProfile.model_validate({
-        "scheme": "bearer", "login": {"path": "/login", "token_path": "token"},
-        "users": {r: {"username": r, "email": f"{r}@example.test", "password": "pw", "api_key": "k"} for r in roles},
-    })
+    roles = [
+        "admin",
+        "member",
+        "member_restricted",
+        "apikey",
+        "gamma",
+        "user_b",
+        "limited",
+        "user",
+        "viewer",
+        "moderator",
+        "participant",
+        "visitor",
+    ]
+    profile = AuthProfile.model_validate(
+        {
+            "scheme": "bearer",
+            "login": {"path": "/login", "token_path": "token"},
+            "users": {
+                r: {"username": r, "email": f"{r}@example.test", "password": "pw", "api_key": "k"} for r in roles
+            },
+        }
+    )
     with LocalEnvironment(workspace_root=tmp_path / "ws") as env:
-        ctx = RunContext(Target(base_url=stub, workspace=tmp_path / "ws", db_dsn=f"sqlite:///{db}", environment=env),
-                         options=RunOptions(node_timeout_s=20, http_timeout_s=5), auth_profile=profile,
-                         env_defaults=dag.env_defaults)
+        ctx = RunContext(
+            Target(base_url=stub, workspace=tmp_path / "ws", db_dsn=f"sqlite:///{db}", environment=env),
+            options=RunOptions(node_timeout_s=20, http_timeout_s=5),
+            auth_profile=profile,
+            env_defaults=dag.env_defaults,
+        )
         report = Engine(dag, ctx).run()
     errors = [(n.id, n.message[:200]) for n in report.nodes if n.status == Status.ERROR]
     assert errors == []

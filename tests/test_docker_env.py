@@ -36,15 +36,18 @@ from saasbench.environments.local import ServiceError, self_check
 
 def leftovers(client, trial: str) -> list[str]:
     flt = {"label": f"{L_TRIAL}={trial}"}
-    return ([f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
-            + [f"network {n.name}" for n in client.networks.list(filters=flt)]
-            + [f"volume {v.name}" for v in client.volumes.list(filters=flt)])
+    return (
+        [f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
+        + [f"network {n.name}" for n in client.networks.list(filters=flt)]
+        + [f"volume {v.name}" for v in client.volumes.list(filters=flt)]
+    )
 
 
 # --- conformance --------------------------------------------------------------------------------------
 def test_self_check(docker_client, python_image):
-    env = DockerEnvironment(spec=EnvSpec(services={"app": ServiceSpec(image=python_image)}), client=docker_client,
-                            health_deadline_s=30)
+    env = DockerEnvironment(
+        spec=EnvSpec(services={"app": ServiceSpec(image=python_image)}), client=docker_client, health_deadline_s=30
+    )
     with env:
         assert env.workspace_path == "/app"
         assert self_check(env) == []
@@ -57,7 +60,9 @@ def test_self_check(docker_client, python_image):
         env.write_file("/app/abs.txt", "abs")
         assert env.exec("cat abs.txt", timeout_s=10).stdout == "abs"
         trial = env.trial_id
-        assert {c.labels[L_TASK] for c in docker_client.containers.list(filters={"label": f"{L_TRIAL}={trial}"})} == {"adhoc"}
+        assert {c.labels[L_TASK] for c in docker_client.containers.list(filters={"label": f"{L_TRIAL}={trial}"})} == {
+            "adhoc"
+        }
     assert leftovers(docker_client, trial) == []
     assert not env._ws.exists()
 
@@ -116,17 +121,25 @@ def test_import_compose_keys(tmp_path):
     assert app.environment == {"WEB_URL": "http://web/index.html"} and app.env_file == [".env"]
     assert any("container_name" in i for i in spec.ignored) and any("restart" in i for i in spec.ignored)
 
-    (tmp_path / "docker-compose.yml").write_text(STACK.replace("    restart: unless-stopped\n", "    privileged: true\n"))
+    (tmp_path / "docker-compose.yml").write_text(
+        STACK.replace("    restart: unless-stopped\n", "    privileged: true\n")
+    )
     with pytest.raises(SpecError, match="'privileged'"):
         import_compose(tmp_path / "docker-compose.yml")
     (tmp_path / "docker-compose.yml").write_text(STACK.replace("${BUSYBOX}", "${NOPE}"))
     with pytest.raises(SpecError, match="NOPE"):
         import_compose(tmp_path / "docker-compose.yml")
-    (tmp_path / "docker-compose.yml").write_text("services:\n  db:\n    image: postgres:16\n    volumes: ['./init-db.sql:/docker-entrypoint-initdb.d/init.sql']\n"
-                                                 "    healthcheck: {test: 'pg_isready', interval: 1m30s}\n")
+    (tmp_path / "docker-compose.yml").write_text(
+        "services:\n  db:\n    image: postgres:16\n    volumes: ['./init-db.sql:/docker-entrypoint-initdb.d/init.sql']\n"
+        "    healthcheck: {test: 'pg_isready', interval: 1m30s}\n"
+    )
     (tmp_path / "init-db.sql").write_text("select 1;")
     db = import_compose(tmp_path / "docker-compose.yml").services["db"]
-    assert db.init_sql == "./init-db.sql" and db.healthcheck.interval == 90 and db.healthcheck.test == ["CMD-SHELL", "pg_isready"]
+    assert (
+        db.init_sql == "./init-db.sql"
+        and db.healthcheck.interval == 90
+        and db.healthcheck.test == ["CMD-SHELL", "pg_isready"]
+    )
 
 
 # --- stacks ---------------------------------------------------------------------------------------------
@@ -153,10 +166,14 @@ def test_task_environment_and_start_app(docker_client, busybox_image, tmp_path):
 
     (tmp_path / "environment").mkdir()
     (tmp_path / "environment" / "docker-compose.yml").write_text(
-        f"services:\n  app:\n    image: {busybox_image}\n    volumes: ['./workspace:/app']\n")
-    spec = TaskSpec(id="demo-docker", app={"port": 8123, "health_path": "/index.html", "start_command": "exec httpd -f -p $PORT -h /app/www"},
-                    database={"engine": "sqlite", "path": "data/app.db"},
-                    environment={"compose": "environment/docker-compose.yml", "env": {"GREETING": "hi"}})
+        f"services:\n  app:\n    image: {busybox_image}\n    volumes: ['./workspace:/app']\n"
+    )
+    spec = TaskSpec(
+        id="demo-docker",
+        app={"port": 8123, "health_path": "/index.html", "start_command": "exec httpd -f -p $PORT -h /app/www"},
+        database={"engine": "sqlite", "path": "data/app.db"},
+        environment={"compose": "environment/docker-compose.yml", "env": {"GREETING": "hi"}},
+    )
     task = Task(root=tmp_path, spec=spec)
     with DockerEnvironment(task=task, client=docker_client) as env:
         assert env.container().labels[L_TASK] == "demo-docker"
@@ -172,11 +189,16 @@ def test_task_environment_and_start_app(docker_client, busybox_image, tmp_path):
 
 
 def test_unhealthy_service_fails_with_its_logs(docker_client, busybox_image):
-    spec = EnvSpec(services={
-        "db": ServiceSpec(image=busybox_image, command=["sh", "-c", "echo boom-marker-42 >&2; exec sleep 300"],
-                          healthcheck={"test": ["CMD", "false"], "interval": 0.2}),
-        "app": ServiceSpec(image=busybox_image, depends_on={"db": {"condition": "service_healthy"}}),
-    })
+    spec = EnvSpec(
+        services={
+            "db": ServiceSpec(
+                image=busybox_image,
+                command=["sh", "-c", "echo boom-marker-42 >&2; exec sleep 300"],
+                healthcheck={"test": ["CMD", "false"], "interval": 0.2},
+            ),
+            "app": ServiceSpec(image=busybox_image, depends_on={"db": {"condition": "service_healthy"}}),
+        }
+    )
     env = DockerEnvironment(spec=spec, client=docker_client, health_deadline_s=1.5)
     t0 = time.monotonic()
     with pytest.raises(ServiceError) as err:
@@ -185,11 +207,16 @@ def test_unhealthy_service_fails_with_its_logs(docker_client, busybox_image):
     assert "'db' not healthy" in str(err.value) and "boom-marker-42" in err.value.log_tail
     assert leftovers(docker_client, env.trial_id) == []
 
-    crash = EnvSpec(services={
-        "db": ServiceSpec(image=busybox_image, command=["sh", "-c", "echo dying-words; exit 3"],
-                          healthcheck={"test": ["CMD", "true"]}),
-        "app": ServiceSpec(image=busybox_image, depends_on=["db"]),
-    })
+    crash = EnvSpec(
+        services={
+            "db": ServiceSpec(
+                image=busybox_image,
+                command=["sh", "-c", "echo dying-words; exit 3"],
+                healthcheck={"test": ["CMD", "true"]},
+            ),
+            "app": ServiceSpec(image=busybox_image, depends_on=["db"]),
+        }
+    )
     env = DockerEnvironment(spec=crash, client=docker_client, health_deadline_s=10)
     with pytest.raises(ServiceError, match="exited with code 3") as err:
         env.start()
@@ -217,11 +244,16 @@ class _StaleStateEnv(DockerEnvironment):
 
 
 def test_service_exiting_between_state_check_and_probe_is_a_service_error(docker_client, busybox_image):
-    spec = EnvSpec(services={
-        "db": ServiceSpec(image=busybox_image, command=["sh", "-c", "echo last-words-7; exit 4"],
-                          healthcheck={"test": ["CMD", "true"]}),
-        "app": ServiceSpec(image=busybox_image, depends_on={"db": {"condition": "service_healthy"}}),
-    })
+    spec = EnvSpec(
+        services={
+            "db": ServiceSpec(
+                image=busybox_image,
+                command=["sh", "-c", "echo last-words-7; exit 4"],
+                healthcheck={"test": ["CMD", "true"]},
+            ),
+            "app": ServiceSpec(image=busybox_image, depends_on={"db": {"condition": "service_healthy"}}),
+        }
+    )
     env = _StaleStateEnv(spec=spec, client=docker_client, health_deadline_s=10)
     with pytest.raises(ServiceError, match="'db' exited with code 4 before it was healthy") as err:
         env.start()
@@ -233,8 +265,10 @@ def test_service_exiting_between_state_check_and_probe_is_a_service_error(docker
 def test_two_trials_of_one_task_at_once(docker_client, busybox_image):
     spec = EnvSpec(services={"app": ServiceSpec(image=busybox_image)})
     # one reaches the app through the host proxy, the other at its address on the trial network
-    envs = [DockerEnvironment(spec=spec, client=docker_client, port=8000, health_deadline_s=20, reach=reach)
-            for reach in ("proxy", "ip")]
+    envs = [
+        DockerEnvironment(spec=spec, client=docker_client, port=8000, health_deadline_s=20, reach=reach)
+        for reach in ("proxy", "ip")
+    ]
     errors: list[BaseException] = []
 
     def start(e: DockerEnvironment) -> None:
@@ -272,11 +306,18 @@ def test_prune_removes_only_dead_owners(docker_client, busybox_image):
     dead.wait()
 
     def make(trial: str, pid: int, host: str = socket.gethostname(), created: str | None = None) -> None:
-        labels = {L_TRIAL: trial, L_TASK: "t", L_HOST: host, L_PID: str(pid),
-                  L_CREATED: created or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        labels = {
+            L_TRIAL: trial,
+            L_TASK: "t",
+            L_HOST: host,
+            L_PID: str(pid),
+            L_CREATED: created or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
         net = docker_client.networks.create(f"saasbench-{trial}", labels=labels)
         docker_client.volumes.create(f"saasbench-{trial}-v", labels=labels)
-        docker_client.containers.create(busybox_image, ["sleep", "300"], labels=labels, network=net.name, name=f"saasbench-{trial}-x")
+        docker_client.containers.create(
+            busybox_image, ["sleep", "300"], labels=labels, network=net.name, name=f"saasbench-{trial}-x"
+        )
 
     tag = uuid.uuid4().hex[:6]
     gone, alive, foreign = f"gone-{tag}", f"alive-{tag}", f"foreign-{tag}"
@@ -317,12 +358,18 @@ def test_ctrl_c_tears_down_and_prune_reaps_a_killed_run(docker_client, busybox_i
     runs = {}
     for name in ("interrupted", "killed"):
         trial = f"{name}-{tag}"
-        proc = subprocess.Popen([sys.executable, "-c", RUNNER, docker_client.saasbench_base_url, busybox_image, trial],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, docker_client.saasbench_base_url, busybox_image, trial],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         runs[name] = (trial, proc)
     try:
         for trial, proc in runs.values():
-            assert proc.stdout.readline() == "ready\n", proc.stderr.read() if proc.poll() is not None else "no ready line"
+            assert proc.stdout.readline() == "ready\n", (
+                proc.stderr.read() if proc.poll() is not None else "no ready line"
+            )
             assert leftovers(docker_client, trial)
         trial, proc = runs["interrupted"]
         proc.send_signal(signal.SIGINT)  # what Ctrl-C does
@@ -386,8 +433,12 @@ def test_concurrent_builds_of_one_hash_build_once(docker_client, busybox_image, 
     ctx = make_context(tmp_path / "ctx", busybox_image, uuid.uuid4().hex, slow=True)
     mp = multiprocessing.get_context("spawn")
     out = mp.Queue()
-    procs = [mp.Process(target=_ensure_in_process, args=(docker_client.saasbench_base_url, str(tmp_path / "cache"), str(ctx), out))
-             for _ in range(2)]
+    procs = [
+        mp.Process(
+            target=_ensure_in_process, args=(docker_client.saasbench_base_url, str(tmp_path / "cache"), str(ctx), out)
+        )
+        for _ in range(2)
+    ]
     for p in procs:
         p.start()
     results = [out.get(timeout=120) for _ in procs]

@@ -43,8 +43,12 @@ def fake_judge(inputs: FakeJudgeInputs, ctx: RunContext) -> StepResult:
     """A judge that answers what the DAG tells it to (or is 'unavailable' with skip: true)."""
     if inputs.skip:
         return StepResult(passed=False, judge_skipped=True, message="fake judge unavailable")
-    return StepResult(passed=True, judge_score=inputs.score, judge_range=inputs.score_range,
-                      message=f"fake judge says {inputs.score:g}")
+    return StepResult(
+        passed=True,
+        judge_score=inputs.score,
+        judge_range=inputs.score_range,
+        message=f"fake judge says {inputs.score:g}",
+    )
 
 
 class RaiseInputs(PrimitiveInputs):
@@ -81,10 +85,21 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def make_ctx(base_url: str | None, *, workspace: Path | None = None, variables: dict[str, Any] | None = None,
-             env_defaults: dict[str, str] | None = None, options: RunOptions | None = None) -> RunContext:
-    return RunContext(Target(base_url=base_url, workspace=workspace), options=options,
-                      auth_profile=load_auth_profile(AUTH_PROFILE), variables=variables, env_defaults=env_defaults)
+def make_ctx(
+    base_url: str | None,
+    *,
+    workspace: Path | None = None,
+    variables: dict[str, Any] | None = None,
+    env_defaults: dict[str, str] | None = None,
+    options: RunOptions | None = None,
+) -> RunContext:
+    return RunContext(
+        Target(base_url=base_url, workspace=workspace),
+        options=options,
+        auth_profile=load_auth_profile(AUTH_PROFILE),
+        variables=variables,
+        env_defaults=env_defaults,
+    )
 
 
 @pytest.fixture
@@ -104,10 +119,19 @@ def mini_dag(*nodes: dict[str, Any], meta: dict[str, Any] | None = None) -> Dag:
     return load_dag_data({"meta": meta or {}, "nodes": list(nodes)}, source="<test>").dag
 
 
-def mini_node(node_id: str, steps: list[dict[str, Any]], method: str = "binary", max_score: float = 1,
-              prereqs: list[str] | None = None) -> dict[str, Any]:
-    return {"id": node_id, "prereqs": prereqs or [], "steps": steps,
-            "scoring": {"category": "Test", "method": method, "maxScore": max_score}}
+def mini_node(
+    node_id: str,
+    steps: list[dict[str, Any]],
+    method: str = "binary",
+    max_score: float = 1,
+    prereqs: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": node_id,
+        "prereqs": prereqs or [],
+        "steps": steps,
+        "scoring": {"category": "Test", "method": method, "maxScore": max_score},
+    }
 
 
 def s(code: str, **inputs: Any) -> dict[str, Any]:
@@ -117,76 +141,119 @@ def s(code: str, **inputs: Any) -> dict[str, Any]:
 # --- the hand-written DAG ------------------------------------------------------------------------
 # id: (status, score, maxScore). Every number is derived by hand in the comment beside it.
 EXPECTED: dict[str, tuple[Status, float, float]] = {
-    "LOGOUT_LAST": (Status.PASSED, 3, 3),                 # logout 204, then /api/me 401: 5/5 steps
-    "SETUP_HEALTH": (Status.PASSED, 0, 0),                # maxScore 0, chain passed -> PASSED (it gates)
-    "SETUP_FILES": (Status.PASSED, 2.0, 3),               # weighted: README yes, models.py yes, >=5 app/*.py no: floor(2/3*3) = 2.0
+    "LOGOUT_LAST": (Status.PASSED, 3, 3),  # logout 204, then /api/me 401: 5/5 steps
+    "SETUP_HEALTH": (Status.PASSED, 0, 0),  # maxScore 0, chain passed -> PASSED (it gates)
+    "SETUP_FILES": (Status.PASSED, 2.0, 3),  # weighted: README yes, models.py yes, >=5 app/*.py no: floor(2/3*3) = 2.0
     "AUTH_BEARER": (Status.PASSED, 4, 4),
-    "AUTH_SESSION": (Status.PASSED, 4, 4),                # POST with the CSRF header from the login body -> 201
+    "AUTH_SESSION": (Status.PASSED, 4, 4),  # POST with the CSRF header from the login body -> 201
     "AUTH_API_KEY": (Status.PASSED, 2, 2),
-    "AUTH_BASIC_WRONG": (Status.FAILED, 0, 2),            # Basic with a wrong password: /api/me 401, expected 200
-    "API_CREATE": (Status.PASSED, 5, 5),                  # raw list and raw bool placeholders accepted by the app
+    "AUTH_BASIC_WRONG": (Status.FAILED, 0, 2),  # Basic with a wrong password: /api/me 401, expected 200
+    "API_CREATE": (Status.PASSED, 5, 5),  # raw list and raw bool placeholders accepted by the app
     "API_READ_BACK": (Status.PASSED, 3, 3),
-    "API_NOTE": (Status.PASSED, 4.0, 4),                  # weighted 5/5 steps = 4.0
+    "API_NOTE": (Status.PASSED, 4.0, 4),  # weighted 5/5 steps = 4.0
     "API_CRUD_ROUNDTRIP": (Status.PASSED, 3, 3),
     "API_SCHEMA": (Status.PASSED, 2, 2),
-    "PH_SHELL_ENV": (Status.PASSED, 2, 2),                # ${API_PREFIX:-/nope} -> /api from meta.env_defaults
-    "PH_SHELL_VAR": (Status.PASSED, 2, 2),                # ${NAME_PREFIX:-Default}: the run variable "Var" beats env "Env"
-    "PH_SHELL_DEFAULT": (Status.PASSED, 1, 1),            # ${UNSET_NAME:-Fallback}
-    "PH_UNRESOLVED": (Status.FAILED, 0, 2),               # {{no_such_capture}} fails step 1
-    "BIN_SHORT_CIRCUIT": (Status.FAILED, 0, 5),           # P15 expects 404, gets 200; stops after 2 of 5 steps
-    "WEIGHTED_2_OF_3": (Status.PASSED, 3.3, 5),           # floor(2/3*5 = 3.333.., 0.1) = 3.3
-    "WEIGHTED_1_OF_3": (Status.PASSED, 0.6, 2),           # floor(1/3*2 = 0.666.., 0.1) = 0.6 (not 0.7)
-    "WEIGHTED_0_OF_2": (Status.FAILED, 0, 3),             # unresolved P04 + P15 500 vs 200: 0/2
-    "WEIGHTED_ALL": (Status.PASSED, 2.0, 2),              # 3/3 * 2
-    "GATE_A": (Status.FAILED, 0, 2),                      # expects 503
-    "GATE_B": (Status.SKIPPED_DEPENDENCY, 0, 3),          # A failed
-    "GATE_C": (Status.SKIPPED_DEPENDENCY, 0, 4),          # B skipped: two levels down, still skipped
-    "GATE_OK_CHAIN": (Status.PASSED, 1, 1),               # two passed prereqs
-    "GATE_ON_WEIGHTED_PARTIAL": (Status.PASSED, 1, 1),    # prereq scored 0.6 > 0: PASSED, so the gate opens
-    "GATE_ON_ERROR": (Status.SKIPPED_DEPENDENCY, 0, 2),   # prereq ERR_RAISES ended in ERROR
-    "ERR_UNAVAILABLE": (Status.ERROR, 0, 3),              # P20 has no implementation
-    "ERR_RAISES": (Status.ERROR, 0, 2),                   # weighted, but an exception is ERROR with 0, not 1/3
-    "JUDGE_FULL": (Status.PASSED, 4.0, 5),                # clip(4 * 5 / 5, 0, 5) = 4
-    "JUDGE_SCALED": (Status.PASSED, 2.0, 4),              # clip(3 * 4 / 6, 0, 4) = 2
-    "JUDGE_CLIPPED": (Status.PASSED, 2.0, 2),             # 7 * 2 / 5 = 2.8 -> clipped to 2
-    "JUDGE_SKIPPED": (Status.SKIPPED_LLM, 0, 6),          # judge unavailable: out of numerator and denominator
-    "JUDGE_NO_EVIDENCE": (Status.FAILED, 0, 3),           # evidence page unreachable: FAILED, not SKIPPED_LLM
-    "JUDGE_ZERO": (Status.FAILED, 0, 2),                  # the judge answered 0
+    "PH_SHELL_ENV": (Status.PASSED, 2, 2),  # ${API_PREFIX:-/nope} -> /api from meta.env_defaults
+    "PH_SHELL_VAR": (Status.PASSED, 2, 2),  # ${NAME_PREFIX:-Default}: the run variable "Var" beats env "Env"
+    "PH_SHELL_DEFAULT": (Status.PASSED, 1, 1),  # ${UNSET_NAME:-Fallback}
+    "PH_UNRESOLVED": (Status.FAILED, 0, 2),  # {{no_such_capture}} fails step 1
+    "BIN_SHORT_CIRCUIT": (Status.FAILED, 0, 5),  # P15 expects 404, gets 200; stops after 2 of 5 steps
+    "WEIGHTED_2_OF_3": (Status.PASSED, 3.3, 5),  # floor(2/3*5 = 3.333.., 0.1) = 3.3
+    "WEIGHTED_1_OF_3": (Status.PASSED, 0.6, 2),  # floor(1/3*2 = 0.666.., 0.1) = 0.6 (not 0.7)
+    "WEIGHTED_0_OF_2": (Status.FAILED, 0, 3),  # unresolved P04 + P15 500 vs 200: 0/2
+    "WEIGHTED_ALL": (Status.PASSED, 2.0, 2),  # 3/3 * 2
+    "GATE_A": (Status.FAILED, 0, 2),  # expects 503
+    "GATE_B": (Status.SKIPPED_DEPENDENCY, 0, 3),  # A failed
+    "GATE_C": (Status.SKIPPED_DEPENDENCY, 0, 4),  # B skipped: two levels down, still skipped
+    "GATE_OK_CHAIN": (Status.PASSED, 1, 1),  # two passed prereqs
+    "GATE_ON_WEIGHTED_PARTIAL": (Status.PASSED, 1, 1),  # prereq scored 0.6 > 0: PASSED, so the gate opens
+    "GATE_ON_ERROR": (Status.SKIPPED_DEPENDENCY, 0, 2),  # prereq ERR_RAISES ended in ERROR
+    "ERR_UNAVAILABLE": (Status.ERROR, 0, 3),  # P20 has no implementation
+    "ERR_RAISES": (Status.ERROR, 0, 2),  # weighted, but an exception is ERROR with 0, not 1/3
+    "JUDGE_FULL": (Status.PASSED, 4.0, 5),  # clip(4 * 5 / 5, 0, 5) = 4
+    "JUDGE_SCALED": (Status.PASSED, 2.0, 4),  # clip(3 * 4 / 6, 0, 4) = 2
+    "JUDGE_CLIPPED": (Status.PASSED, 2.0, 2),  # 7 * 2 / 5 = 2.8 -> clipped to 2
+    "JUDGE_SKIPPED": (Status.SKIPPED_LLM, 0, 6),  # judge unavailable: out of numerator and denominator
+    "JUDGE_NO_EVIDENCE": (Status.FAILED, 0, 3),  # evidence page unreachable: FAILED, not SKIPPED_LLM
+    "JUDGE_ZERO": (Status.FAILED, 0, 2),  # the judge answered 0
     "RBAC_VIEWER_DENIED": (Status.PASSED, 2, 2),
     "RBAC_ADMIN_ALLOWED": (Status.PASSED, 2, 2),
-    "RBAC_MEMBER_WRONG": (Status.FAILED, 0, 2),           # expects the member to be allowed; 403
+    "RBAC_MEMBER_WRONG": (Status.FAILED, 0, 2),  # expects the member to be allowed; 403
 }
 
 # Stable topological order: file order, except GATE_ON_ERROR waits for ERR_RAISES (later in the
 # file) and LOGOUT_LAST (first in the file, run_last) goes last.
 EXPECTED_ORDER = [
-    "SETUP_HEALTH", "SETUP_FILES", "AUTH_BEARER", "AUTH_SESSION", "AUTH_API_KEY", "AUTH_BASIC_WRONG",
-    "API_CREATE", "API_READ_BACK", "API_NOTE", "API_CRUD_ROUNDTRIP", "API_SCHEMA",
-    "PH_SHELL_ENV", "PH_SHELL_VAR", "PH_SHELL_DEFAULT", "PH_UNRESOLVED",
-    "BIN_SHORT_CIRCUIT", "WEIGHTED_2_OF_3", "WEIGHTED_1_OF_3", "WEIGHTED_0_OF_2", "WEIGHTED_ALL",
-    "GATE_A", "GATE_B", "GATE_C", "GATE_OK_CHAIN", "GATE_ON_WEIGHTED_PARTIAL",
-    "ERR_UNAVAILABLE", "ERR_RAISES", "GATE_ON_ERROR",
-    "JUDGE_FULL", "JUDGE_SCALED", "JUDGE_CLIPPED", "JUDGE_SKIPPED", "JUDGE_NO_EVIDENCE", "JUDGE_ZERO",
-    "RBAC_VIEWER_DENIED", "RBAC_ADMIN_ALLOWED", "RBAC_MEMBER_WRONG",
+    "SETUP_HEALTH",
+    "SETUP_FILES",
+    "AUTH_BEARER",
+    "AUTH_SESSION",
+    "AUTH_API_KEY",
+    "AUTH_BASIC_WRONG",
+    "API_CREATE",
+    "API_READ_BACK",
+    "API_NOTE",
+    "API_CRUD_ROUNDTRIP",
+    "API_SCHEMA",
+    "PH_SHELL_ENV",
+    "PH_SHELL_VAR",
+    "PH_SHELL_DEFAULT",
+    "PH_UNRESOLVED",
+    "BIN_SHORT_CIRCUIT",
+    "WEIGHTED_2_OF_3",
+    "WEIGHTED_1_OF_3",
+    "WEIGHTED_0_OF_2",
+    "WEIGHTED_ALL",
+    "GATE_A",
+    "GATE_B",
+    "GATE_C",
+    "GATE_OK_CHAIN",
+    "GATE_ON_WEIGHTED_PARTIAL",
+    "ERR_UNAVAILABLE",
+    "ERR_RAISES",
+    "GATE_ON_ERROR",
+    "JUDGE_FULL",
+    "JUDGE_SCALED",
+    "JUDGE_CLIPPED",
+    "JUDGE_SKIPPED",
+    "JUDGE_NO_EVIDENCE",
+    "JUDGE_ZERO",
+    "RBAC_VIEWER_DENIED",
+    "RBAC_ADMIN_ALLOWED",
+    "RBAC_MEMBER_WRONG",
     "LOGOUT_LAST",
 ]
 
+
 # Run variables, as `--var` would give them. NAME_PREFIX overrides meta.env_defaults["NAME_PREFIX"].
 def run_variables(dead_url: str) -> dict[str, Any]:
-    return {"proj": "Alpha", "owner": {"name": "Ann", "tags": ["red", "blue"]}, "xs": ["first", "second"],
-            "flag": True, "NAME_PREFIX": "Var", "dead_url": dead_url + "/evidence"}
+    return {
+        "proj": "Alpha",
+        "owner": {"name": "Ann", "tags": ["red", "blue"]},
+        "xs": ["first", "second"],
+        "flag": True,
+        "NAME_PREFIX": "Var",
+        "dead_url": dead_url + "/evidence",
+    }
 
 
 @pytest.fixture(scope="module")
-def engine_run(test_primitives: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunReport, RunContext]]:
+def engine_run(
+    test_primitives: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunReport, RunContext]]:
     workspace = tmp_path_factory.mktemp("workspace")
     server, _thread, base_url = teamnotes.serve_in_thread(workspace=str(workspace))
     try:
         loaded = load_dag(ENGINE_DAG)
         dag = loaded.dag
         # the fake judge stands in for a configured one (without a judge llm-judge nodes do not run)
-        ctx = make_ctx(base_url, workspace=workspace, variables=run_variables(closed_port_url()),
-                       env_defaults=dag.env_defaults, options=RunOptions(judge_enabled=True))
+        ctx = make_ctx(
+            base_url,
+            workspace=workspace,
+            variables=run_variables(closed_port_url()),
+            env_defaults=dag.env_defaults,
+            options=RunOptions(judge_enabled=True),
+        )
         report = Engine(dag, ctx).run()
         yield report, ctx
     finally:
@@ -208,8 +275,9 @@ def test_engine_dag_loads_without_defects(test_primitives: None) -> None:
 def test_every_node_status_and_score(engine_run: tuple[RunReport, RunContext]) -> None:
     report, _ = engine_run
     got = {r.id: (r.status, r.score, r.max_score) for r in report.nodes}
-    assert got == EXPECTED, "\n".join(f"{r.id}: {r.status.value} {r.score} {r.message}" for r in report.nodes
-                                      if got[r.id] != EXPECTED.get(r.id))
+    assert got == EXPECTED, "\n".join(
+        f"{r.id}: {r.status.value} {r.score} {r.message}" for r in report.nodes if got[r.id] != EXPECTED.get(r.id)
+    )
 
 
 def test_execution_order_and_run_last(engine_run: tuple[RunReport, RunContext]) -> None:
@@ -250,22 +318,29 @@ def test_task_score_subscore_coverage_and_counts(engine_run: tuple[RunReport, Ru
     # FAILED: AUTH_BASIC_WRONG PH_UNRESOLVED BIN_SHORT_CIRCUIT WEIGHTED_0_OF_2 GATE_A
     #         JUDGE_NO_EVIDENCE JUDGE_ZERO RBAC_MEMBER_WRONG = 8
     # ERROR 2, SKIPPED_DEPENDENCY 3 (GATE_B GATE_C GATE_ON_ERROR), SKIPPED_LLM 1: 24+8+2+3+1 = 38
-    assert (c.PASSED, c.FAILED, c.ERROR, c.SKIPPED_DEPENDENCY, c.SKIPPED_LLM, c.DRY_RUN, c.QUARANTINED) == \
-        (24, 8, 2, 3, 1, 0, 0)
+    assert (c.PASSED, c.FAILED, c.ERROR, c.SKIPPED_DEPENDENCY, c.SKIPPED_LLM, c.DRY_RUN, c.QUARANTINED) == (
+        24,
+        8,
+        2,
+        3,
+        1,
+        0,
+        0,
+    )
 
 
 def test_per_category_numbers(engine_run: tuple[RunReport, RunContext]) -> None:
     report, _ = engine_run
     got = {cat: (a.score, a.max_score, a.percent, a.nodes) for cat, a in report.categories.items()}
     assert got == {
-        "Auth": (13, 15, 86.67, 5),            # 100 * 13 / 15 = 86.666..
-        "Setup": (2, 3, 66.67, 2),             # 100 * 2 / 3
+        "Auth": (13, 15, 86.67, 5),  # 100 * 13 / 15 = 86.666..
+        "Setup": (2, 3, 66.67, 2),  # 100 * 2 / 3
         "API": (17, 17, 100.0, 5),
-        "Placeholders": (5, 7, 71.43, 4),      # 100 * 5 / 7 = 71.428..
-        "Scoring": (5.9, 17, 34.71, 5),        # 100 * 5.9 / 17 = 34.705..
-        "Gating": (2, 13, 15.38, 6),           # 100 * 2 / 13 = 15.384..
+        "Placeholders": (5, 7, 71.43, 4),  # 100 * 5 / 7 = 71.428..
+        "Scoring": (5.9, 17, 34.71, 5),  # 100 * 5.9 / 17 = 34.705..
+        "Gating": (2, 13, 15.38, 6),  # 100 * 2 / 13 = 15.384..
         "Errors": (0, 5, 0.0, 2),
-        "Judge": (8, 16, 50.0, 6),             # 6 nodes, JUDGE_SKIPPED's 6 points out of the denominator
+        "Judge": (8, 16, 50.0, 6),  # 6 nodes, JUDGE_SKIPPED's 6 points out of the denominator
         "RBAC": (4, 6, 66.67, 3),
     }
     assert report.categories["Judge"].skipped_llm_max_score == 6
@@ -307,7 +382,12 @@ def test_errors_keep_their_message_and_stop_the_chain(engine_run: tuple[RunRepor
 
 def test_judge_nodes(engine_run: tuple[RunReport, RunContext]) -> None:
     nodes = by_id(engine_run[0])
-    assert nodes["JUDGE_FULL"].judge == {"score": 4.0, "range": (0.0, 5.0), "skipped": False, "message": "fake judge says 4"}
+    assert nodes["JUDGE_FULL"].judge == {
+        "score": 4.0,
+        "range": (0.0, 5.0),
+        "skipped": False,
+        "message": "fake judge says 4",
+    }
     assert nodes["JUDGE_SKIPPED"].message == "fake judge unavailable"
     no_evidence = nodes["JUDGE_NO_EVIDENCE"]
     assert no_evidence.message.startswith("evidence step failed: step 0 P04 failed:")
@@ -319,8 +399,8 @@ def test_placeholders_and_captures(engine_run: tuple[RunReport, RunContext]) -> 
     nodes = by_id(report)
     # save_as stored the response record run-wide; the node's outputs carry created_id/id for {{NODE.field}}
     assert ctx.vars["created"]["body"]["name"] == "Alpha"
-    assert ctx.vars["created"]["body"]["tags"] == ["red", "blue"]       # "{{owner.tags}}" went out as a list
-    assert ctx.vars["created"]["body"]["archived"] is True              # "{{flag}}" went out as a bool
+    assert ctx.vars["created"]["body"]["tags"] == ["red", "blue"]  # "{{owner.tags}}" went out as a list
+    assert ctx.vars["created"]["body"]["archived"] is True  # "{{flag}}" went out as a bool
     # AUTH_SESSION created project 1, so API_CREATE's project is 2
     assert ctx.nodes["API_CREATE"]["created_id"] == 2 and ctx.nodes["API_CREATE"]["id"] == 2
     assert ctx.nodes["API_CREATE"]["status"] == "PASSED"
@@ -336,11 +416,21 @@ def test_placeholders_and_captures(engine_run: tuple[RunReport, RunContext]) -> 
 def test_env_defaults_apply_when_no_variable_overrides(app: tuple[str, Path]) -> None:
     base_url, _ = app
     dag = mini_dag(
-        mini_node("ENV", [s("P13", role="admin"),
-                          s("P04", method="POST", path="${API_PREFIX:-/nope}/projects",
-                            body={"name": "${NAME_PREFIX:-Default} project"}),
-                          s("P15", expected_status=201)]),
-        meta={"env_defaults": {"API_PREFIX": "/api", "NAME_PREFIX": "Env"}})
+        mini_node(
+            "ENV",
+            [
+                s("P13", role="admin"),
+                s(
+                    "P04",
+                    method="POST",
+                    path="${API_PREFIX:-/nope}/projects",
+                    body={"name": "${NAME_PREFIX:-Default} project"},
+                ),
+                s("P15", expected_status=201),
+            ],
+        ),
+        meta={"env_defaults": {"API_PREFIX": "/api", "NAME_PREFIX": "Env"}},
+    )
     ctx = make_ctx(base_url, env_defaults=dag.env_defaults)
     report = Engine(dag, ctx).run()
     assert report.nodes[0].status is Status.PASSED, report.nodes[0].message
@@ -367,7 +457,10 @@ def test_only_runs_the_selection_and_its_prerequisites(test_primitives: None, ap
     ctx = make_ctx(base_url, env_defaults=dag.env_defaults)
     report = Engine(dag, ctx, EngineOptions(only=["GATE_C"])).run()
     assert [(r.id, r.status) for r in report.nodes] == [
-        ("GATE_A", Status.FAILED), ("GATE_B", Status.SKIPPED_DEPENDENCY), ("GATE_C", Status.SKIPPED_DEPENDENCY)]
+        ("GATE_A", Status.FAILED),
+        ("GATE_B", Status.SKIPPED_DEPENDENCY),
+        ("GATE_C", Status.SKIPPED_DEPENDENCY),
+    ]
     # 0 / (2 + 3 + 4)
     assert (report.summary.score, report.summary.max_score, report.summary.task_score) == (0, 9, 0.0)
 
@@ -386,8 +479,15 @@ def test_unreachable_app_fails_every_http_node_with_a_message() -> None:
     )
     report = Engine(dag, make_ctx(dead)).run()
     statuses = {r.id: r.status for r in report.nodes}
-    assert statuses == {"GET": Status.FAILED, "LOGIN": Status.FAILED, "PERM": Status.FAILED, "CRUD": Status.FAILED,
-                        "TIME": Status.FAILED, "WEIGHTED": Status.FAILED, "DEPENDENT": Status.SKIPPED_DEPENDENCY}
+    assert statuses == {
+        "GET": Status.FAILED,
+        "LOGIN": Status.FAILED,
+        "PERM": Status.FAILED,
+        "CRUD": Status.FAILED,
+        "TIME": Status.FAILED,
+        "WEIGHTED": Status.FAILED,
+        "DEPENDENT": Status.SKIPPED_DEPENDENCY,
+    }
     for r in report.nodes:
         if r.status is Status.FAILED:
             assert r.message, r.id
@@ -406,8 +506,10 @@ def test_unreachable_app_with_the_demo_dag_does_not_crash(tmp_path: Path) -> Non
 
 def test_a_10_mb_answer_is_refused_at_the_cap(app: tuple[str, Path]) -> None:
     base_url, _ = app
-    dag = mini_dag(mini_node("BIG", [s("P04", path="/api/debug/big?mb=10"), s("P15", expected_status=200)]),
-                   mini_node("AFTER", [s("P04", path="/api/health"), s("P15", expected_status=200)]))
+    dag = mini_dag(
+        mini_node("BIG", [s("P04", path="/api/debug/big?mb=10"), s("P15", expected_status=200)]),
+        mini_node("AFTER", [s("P04", path="/api/health"), s("P15", expected_status=200)]),
+    )
     report = Engine(dag, make_ctx(base_url)).run()
     big, after = report.nodes
     assert big.status is Status.FAILED
@@ -417,11 +519,18 @@ def test_a_10_mb_answer_is_refused_at_the_cap(app: tuple[str, Path]) -> None:
 
 def test_invalid_json_body_then_p07(app: tuple[str, Path]) -> None:
     base_url, _ = app
-    dag = mini_dag(mini_node("BADJSON", [
-        s("P04", path="/api/debug/badjson"),
-        s("P15", expected_status=200),
-        s("P07", assertions=[{"path": "$.broken", "operator": "exists"}]),
-    ], method="weighted", max_score=3))
+    dag = mini_dag(
+        mini_node(
+            "BADJSON",
+            [
+                s("P04", path="/api/debug/badjson"),
+                s("P15", expected_status=200),
+                s("P07", assertions=[{"path": "$.broken", "operator": "exists"}]),
+            ],
+            method="weighted",
+            max_score=3,
+        )
+    )
     report = Engine(dag, make_ctx(base_url)).run()
     (node,) = report.nodes
     # the answer arrived (P04, P15 pass) but is not JSON, so the assertion cannot hold: floor(2/3*3) = 2.0
@@ -434,8 +543,10 @@ def test_invalid_json_body_then_p07(app: tuple[str, Path]) -> None:
 
 def test_slow_endpoint_hits_the_node_deadline(app: tuple[str, Path]) -> None:
     base_url, _ = app
-    dag = mini_dag(mini_node("SLOW", [s("P04", path="/api/debug/slow?ms=3000"), s("P15", expected_status=200)]),
-                   mini_node("NEXT", [s("P04", path="/api/health"), s("P15", expected_status=200)]))
+    dag = mini_dag(
+        mini_node("SLOW", [s("P04", path="/api/debug/slow?ms=3000"), s("P15", expected_status=200)]),
+        mini_node("NEXT", [s("P04", path="/api/health"), s("P15", expected_status=200)]),
+    )
     report = Engine(dag, make_ctx(base_url, options=RunOptions(node_timeout_s=0.5))).run()
     slow, nxt = report.nodes
     assert slow.status is Status.FAILED

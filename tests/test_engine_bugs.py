@@ -29,8 +29,11 @@ def run_demo(tmp_path: Path, bugs: frozenset[str] = frozenset()) -> RunReport:
     server, _thread, base_url = teamnotes.serve_in_thread(bugs=bugs, workspace=str(workspace))
     try:
         dag = load_dag(DEMO_DAG).dag
-        ctx = RunContext(Target(base_url=base_url, workspace=workspace),
-                         auth_profile=load_auth_profile(AUTH_PROFILE), env_defaults=dag.env_defaults)
+        ctx = RunContext(
+            Target(base_url=base_url, workspace=workspace),
+            auth_profile=load_auth_profile(AUTH_PROFILE),
+            env_defaults=dag.env_defaults,
+        )
         return Engine(dag, ctx).run()
     finally:
         server.shutdown()
@@ -55,24 +58,42 @@ def test_demo_dag_scores_100_on_the_correct_app(tmp_path: Path) -> None:
     assert report.summary.counts.PASSED == len(report.nodes) == 39
     assert report.nodes[-1].id == "CRUD_PROJECT_DELETE"  # last: everything reading the project ran first
     assert {c: a.percent for c, a in report.categories.items()} == {
-        "Deployment": 100.0, "Authentication": 100.0, "API_CRUD": 100.0, "RBAC": 100.0,
-        "Validation": 100.0, "EdgeCases": 100.0}
+        "Deployment": 100.0,
+        "Authentication": 100.0,
+        "API_CRUD": 100.0,
+        "RBAC": 100.0,
+        "Validation": 100.0,
+        "EdgeCases": 100.0,
+    }
 
 
-@pytest.mark.parametrize(("bug", "flipped", "score"), [
-    # member may delete and list users: the two "member cannot" checks fail; the admin delete that is
-    # gated on them is skipped (the member already deleted its project).
-    # (107 - 4 - 3 - 3) / 107 = 97 / 107 = 90.654.. -> 90.65
-    ("no_rbac", {"RBAC_MEMBER_CANNOT_DELETE": Status.FAILED, "RBAC_MEMBER_NO_ADMIN_USERS": Status.FAILED,
-                 "RBAC_ADMIN_CAN_DELETE": Status.SKIPPED_DEPENDENCY}, 90.65),
-    # the default page size is 50: the default check fails and the paging check gated on it is skipped.
-    # (107 - 3 - 2) / 107 = 102 / 107 = 95.327.. -> 95.33
-    ("page_size", {"EDGE_PAGINATION_DEFAULT": Status.FAILED, "EDGE_PAGINATION_PAGES": Status.SKIPPED_DEPENDENCY},
-     95.33),
-    # a project without a name is accepted: only the missing-name check fails.
-    # (107 - 3) / 107 = 104 / 107 = 97.196.. -> 97.2
-    ("no_validation", {"VALID_MISSING_NAME": Status.FAILED}, 97.2),
-])
+@pytest.mark.parametrize(
+    ("bug", "flipped", "score"),
+    [
+        # member may delete and list users: the two "member cannot" checks fail; the admin delete that is
+        # gated on them is skipped (the member already deleted its project).
+        # (107 - 4 - 3 - 3) / 107 = 97 / 107 = 90.654.. -> 90.65
+        (
+            "no_rbac",
+            {
+                "RBAC_MEMBER_CANNOT_DELETE": Status.FAILED,
+                "RBAC_MEMBER_NO_ADMIN_USERS": Status.FAILED,
+                "RBAC_ADMIN_CAN_DELETE": Status.SKIPPED_DEPENDENCY,
+            },
+            90.65,
+        ),
+        # the default page size is 50: the default check fails and the paging check gated on it is skipped.
+        # (107 - 3 - 2) / 107 = 102 / 107 = 95.327.. -> 95.33
+        (
+            "page_size",
+            {"EDGE_PAGINATION_DEFAULT": Status.FAILED, "EDGE_PAGINATION_PAGES": Status.SKIPPED_DEPENDENCY},
+            95.33,
+        ),
+        # a project without a name is accepted: only the missing-name check fails.
+        # (107 - 3) / 107 = 104 / 107 = 97.196.. -> 97.2
+        ("no_validation", {"VALID_MISSING_NAME": Status.FAILED}, 97.2),
+    ],
+)
 def test_each_bug_flips_exactly_its_nodes(tmp_path: Path, bug: str, flipped: dict[str, Status], score: float) -> None:
     report = run_demo(tmp_path, frozenset({bug}))
     assert not_passed(report) == flipped, explain(report)

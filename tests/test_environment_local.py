@@ -27,7 +27,7 @@ from saasbench.environments.local import (
     start_app,
 )
 
-APP_PY = r'''
+APP_PY = r"""
 import json, os, sqlite3, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -71,32 +71,65 @@ class H(BaseHTTPRequestHandler):
 
 print("fixture app listening on", os.environ["PORT"], flush=True)
 ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
-'''
+"""
 
 
-def _node(node_id: str, steps: list[dict[str, Any]], prereqs: list[str] | None = None, max_score: float = 2) -> dict[str, Any]:
-    return {"id": node_id, "prereqs": prereqs or [], "steps": steps,
-            "scoring": {"category": "Fixture", "method": "binary", "maxScore": max_score}}
+def _node(
+    node_id: str, steps: list[dict[str, Any]], prereqs: list[str] | None = None, max_score: float = 2
+) -> dict[str, Any]:
+    return {
+        "id": node_id,
+        "prereqs": prereqs or [],
+        "steps": steps,
+        "scoring": {"category": "Fixture", "method": "binary", "maxScore": max_score},
+    }
 
 
-def make_task(root: Path, *, install: list[str] | None = None, extra_nodes: list[dict[str, Any]] | None = None,
-              reference: bool = True, health_s: float = 15) -> Task:
+def make_task(
+    root: Path,
+    *,
+    install: list[str] | None = None,
+    extra_nodes: list[dict[str, Any]] | None = None,
+    reference: bool = True,
+    health_s: float = 15,
+) -> Task:
     """A task folder under ``root``: stdlib app in reference/, sqlite, bearer auth, a small DAG."""
     folder = root / "fixture"
     (folder / "reference").mkdir(parents=True)
     (folder / "reference" / "app.py").write_text(APP_PY)
-    (folder / "reference" / "run.sh").write_text('#!/usr/bin/env bash\nexec python3 app.py\n')
+    (folder / "reference" / "run.sh").write_text("#!/usr/bin/env bash\nexec python3 app.py\n")
     (folder / "task.md").write_text("# Fixture Tracker\n\nA tiny app.\n")
-    (folder / "knowledge_base.json").write_text(json.dumps([
-        {"id": "KB-1", "question": "Port?", "answer": "$PORT", "source_reference": "task.md", "confidence": "high"}]))
+    (folder / "knowledge_base.json").write_text(
+        json.dumps(
+            [
+                {
+                    "id": "KB-1",
+                    "question": "Port?",
+                    "answer": "$PORT",
+                    "source_reference": "task.md",
+                    "confidence": "high",
+                }
+            ]
+        )
+    )
     spec = {
-        "id": "fixture", "title": "Fixture Tracker", "category": "Testing", "domain": "CG", "complexity_tier": "T1",
+        "id": "fixture",
+        "title": "Fixture Tracker",
+        "category": "Testing",
+        "domain": "CG",
+        "complexity_tier": "T1",
         "stack": "python-stdlib",
         "app": {"port": 8000, "health_path": "/health", "start_command": "bash run.sh"},
         "database": {"engine": "sqlite", "path": "data/fixture.db"},
-        "auth": {"scheme": "bearer", "login": {"path": "/api/login", "body": {"username": "{{username}}", "password": "{{password}}"},
-                                               "token_path": "access_token"},
-                 "users": {"admin": {"username": "admin", "password": "admin-pass-1"}}},
+        "auth": {
+            "scheme": "bearer",
+            "login": {
+                "path": "/api/login",
+                "body": {"username": "{{username}}", "password": "{{password}}"},
+                "token_path": "access_token",
+            },
+            "users": {"admin": {"username": "admin", "password": "admin-pass-1"}},
+        },
         "timeouts": {"agent_s": 120, "eval_node_s": 20, "health_s": health_s},
         "environment": {"tools": ["python3"]},
         "custom_key": {"kept": True},
@@ -105,18 +138,47 @@ def make_task(root: Path, *, install: list[str] | None = None, extra_nodes: list
         spec["reference"] = {"source": "reference", "install": install or []}
     (folder / "task.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     nodes = [
-        _node("HEALTH", [{"type": "P04", "inputs": {"method": "GET", "path": "/health"}},
-                         {"type": "P15", "inputs": {"expected_status": 200}}]),
-        _node("LOGIN", [{"type": "P13", "inputs": {"role": "admin"}},
-                        {"type": "P04", "inputs": {"method": "GET", "path": "/api/me"}},
-                        {"type": "P15", "inputs": {"expected_status": 200}},
-                        {"type": "P07", "inputs": {"assertions": [{"path": "$.username", "operator": "equals", "expected": "admin"}]}}],
-              ["HEALTH"]),
+        _node(
+            "HEALTH",
+            [
+                {"type": "P04", "inputs": {"method": "GET", "path": "/health"}},
+                {"type": "P15", "inputs": {"expected_status": 200}},
+            ],
+        ),
+        _node(
+            "LOGIN",
+            [
+                {"type": "P13", "inputs": {"role": "admin"}},
+                {"type": "P04", "inputs": {"method": "GET", "path": "/api/me"}},
+                {"type": "P15", "inputs": {"expected_status": 200}},
+                {
+                    "type": "P07",
+                    "inputs": {"assertions": [{"path": "$.username", "operator": "equals", "expected": "admin"}]},
+                },
+            ],
+            ["HEALTH"],
+        ),
         _node("RUN_SCRIPT", [{"type": "P01", "inputs": {"path": "run.sh"}}]),
-        _node("DB_FILE", [{"type": "P12", "inputs": {"command": "test -s data/fixture.db && echo db-present", "container": "fixture-app",
-                                                     "expect_output_contains": "db-present", "capture_stdout_as": "db_state"}}],
-              ["HEALTH"]),
-        _node("APP_LOG", [{"type": "P21", "inputs": {"log_path": "app", "pattern": "listening on", "tail_lines": 50}}], ["HEALTH"]),
+        _node(
+            "DB_FILE",
+            [
+                {
+                    "type": "P12",
+                    "inputs": {
+                        "command": "test -s data/fixture.db && echo db-present",
+                        "container": "fixture-app",
+                        "expect_output_contains": "db-present",
+                        "capture_stdout_as": "db_state",
+                    },
+                }
+            ],
+            ["HEALTH"],
+        ),
+        _node(
+            "APP_LOG",
+            [{"type": "P21", "inputs": {"log_path": "app", "pattern": "listening on", "tail_lines": 50}}],
+            ["HEALTH"],
+        ),
         *(extra_nodes or []),
     ]
     (folder / "dag.json").write_text(json.dumps({"meta": {"task_id": "fixture"}, "nodes": nodes}, indent=2))
@@ -263,7 +325,9 @@ def test_p12_without_environment_raises_naming_the_option() -> None:
     from saasbench.environments.exec_target import NoExecTarget
 
     # raised, so the engine makes the node ERROR (the run could not check it), not FAILED
-    with pytest.raises(NoExecTarget, match=r"P12 needs an exec target: pass --exec local:DIR or --exec docker:CONTAINER"):
+    with pytest.raises(
+        NoExecTarget, match=r"P12 needs an exec target: pass --exec local:DIR or --exec docker:CONTAINER"
+    ):
         _step("P12", {"command": "true"}, None)
     with pytest.raises(NoExecTarget, match=r"P21 needs an exec target: pass --exec"):
         _step("P21", {"pattern": "x"}, None)
@@ -271,7 +335,9 @@ def test_p12_without_environment_raises_naming_the_option() -> None:
 
 def test_p12_exit_codes_output_and_capture() -> None:
     with LocalEnvironment() as env:
-        ok, ctx = _step("P12", {"command": "echo one; echo; echo ' two '", "container": "app-1", "capture_stdout_as": "last"}, env)
+        ok, ctx = _step(
+            "P12", {"command": "echo one; echo; echo ' two '", "container": "app-1", "capture_stdout_as": "last"}, env
+        )
         assert ok.passed and ctx.vars["last"] == "two" and ok.evidence["container"] == "app-1"
         bad, _ = _step("P12", {"command": "echo oops >&2; exit 4"}, env)
         assert not bad.passed and "exit code 4, expected 0" in bad.message and "oops" in bad.message
@@ -290,7 +356,9 @@ def test_p21_service_log_and_workspace_file() -> None:
         env.write_file("log/production.log", "boot\nGET /api 200\nERROR boom\n")
         assert _step("P21", {"pattern": "ERROR boom"}, env)[0].passed  # default log_path
         assert not _step("P21", {"pattern": "boot", "tail_lines": 2}, env)[0].passed
-        assert _step("P21", {"log_path": "log/production.log", "pattern": r"GET /\w+ 200", "match_type": "regex"}, env)[0].passed
+        assert _step("P21", {"log_path": "log/production.log", "pattern": r"GET /\w+ 200", "match_type": "regex"}, env)[
+            0
+        ].passed
         assert _step("P21", {"pattern": "panic", "expect_match": False}, env)[0].passed
         missing, _ = _step("P21", {"log_path": "log/none.log", "pattern": "x"}, env)
         assert not missing.passed and "not found" in missing.message

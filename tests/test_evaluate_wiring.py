@@ -46,8 +46,14 @@ def test_the_evaluate_flow_passes_workspace_and_gets_the_same_report_as_evaluate
     (workspace / "README.md").write_text("# TeamNotes\n")
     dag = load_dag(folder / "dag.json").dag
     summary = fresh_app(lambda url: evaluate_task.fn(str(folder), url, workspace=str(workspace)))
-    direct = fresh_app(lambda url: evaluate(dag, Target(base_url=url, workspace=workspace), options=RunOptions(),
-                                            auth_profile=load_task(folder).spec.auth))
+    direct = fresh_app(
+        lambda url: evaluate(
+            dag,
+            Target(base_url=url, workspace=workspace),
+            options=RunOptions(),
+            auth_profile=load_task(folder).spec.auth,
+        )
+    )
     without = fresh_app(lambda url: evaluate_task.fn(str(folder), url))  # no workspace: its file nodes cannot pass
     assert summary["deterministic_score"] == direct.summary.deterministic_score
     assert summary["deterministic_score"] > without["deterministic_score"]

@@ -30,8 +30,15 @@ def prefect_harness():
 
 
 def sweep_dict(tmp_path, sweep_id, **kw):
-    data = {"sweep_id": sweep_id, "tasks": ["timetrack"], "agents": ["oracle", "nop"], "lake": str(tmp_path / "lake"),
-            "report_dir": str(tmp_path / "reports"), "retry_delays": [0], "concurrency": 2}
+    data = {
+        "sweep_id": sweep_id,
+        "tasks": ["timetrack"],
+        "agents": ["oracle", "nop"],
+        "lake": str(tmp_path / "lake"),
+        "report_dir": str(tmp_path / "reports"),
+        "retry_delays": [0],
+        "concurrency": 2,
+    }
     data.update(kw)
     return data
 
@@ -133,8 +140,9 @@ class FakeDeployments:
         self.states: dict = {}
         self.kinds = {"crash": Crashed, "commit-crash": Crashed, "ok": Completed, "fail": Failed}
 
-    def run_deployment(self, name, parameters=None, scheduled_time=None, timeout=None, tags=None,
-                       idempotency_key=None, **kw):
+    def run_deployment(
+        self, name, parameters=None, scheduled_time=None, timeout=None, tags=None, idempotency_key=None, **kw
+    ):
         import uuid
 
         assert name == "trial/trial" and timeout == 0
@@ -173,8 +181,10 @@ def test_deployment_dispatch_crash_retry_and_record(tmp_path, monkeypatch):
     assert all((c["when"] is None) == c["key"].endswith(":0") for c in fake.calls)  # re-dispatches are scheduled
     rows = lakelib.query(spec["lake"], "SELECT trial_id, outcome, valid FROM trials ORDER BY 1").to_pylist()
     assert [(r["trial_id"], r["outcome"]) for r in rows] == [
-        ("timetrack.codex.none.0", "agent_error"), ("timetrack.nop.none.0", "env_error"),
-        ("timetrack.oracle.none.0", "agent_error")]
+        ("timetrack.codex.none.0", "agent_error"),
+        ("timetrack.nop.none.0", "env_error"),
+        ("timetrack.oracle.none.0", "agent_error"),
+    ]
     assert artifacts(artifact_key("flow-dispatch", "leaderboard"))
 
 

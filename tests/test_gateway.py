@@ -40,9 +40,11 @@ from saasbench.runs import gateway as G
 
 MIN_S, MAX_S = 0.05, 0.2
 IN_COST, OUT_COST = 0.000002, 0.000010  # USD per token, configured for every model
-PROVIDER_KEYS = {"SAASBENCH_TEST_PROVIDER_KEY": "sk-provider-chat-SECRET-0001",
-                 "SAASBENCH_TEST_ANTHROPIC_KEY": "sk-ant-provider-SECRET-0002",
-                 "SAASBENCH_TEST_OPENAI_KEY": "sk-openai-provider-SECRET-0003"}
+PROVIDER_KEYS = {
+    "SAASBENCH_TEST_PROVIDER_KEY": "sk-provider-chat-SECRET-0001",
+    "SAASBENCH_TEST_ANTHROPIC_KEY": "sk-ant-provider-SECRET-0002",
+    "SAASBENCH_TEST_OPENAI_KEY": "sk-openai-provider-SECRET-0003",
+}
 CLAUDE_CMD, CODEX_CMD = "echo via-gateway > claude_gw.txt", "echo via-gateway > codex_gw.txt"
 
 
@@ -66,19 +68,39 @@ def gw(upstream, tmp_path_factory):
     costs = {"input_cost_per_token": IN_COST, "output_cost_per_token": OUT_COST}
     config = G.GatewayConfig(
         models=[
-            G.GatewayModel(name="fake-chat", litellm_model="openai/fake", api_base=upstream.llm.base_url,
-                           api_key_env="SAASBENCH_TEST_PROVIDER_KEY", **costs),
-            G.GatewayModel(name="claude-sonnet-4-5", litellm_model="anthropic/claude-sonnet-4-5",
-                           api_base=upstream.messages.base_url, api_key_env="SAASBENCH_TEST_ANTHROPIC_KEY", **costs),
-            G.GatewayModel(name="gpt-5", litellm_model="openai/gpt-5", api_base=upstream.responses.base_url,
-                           api_key_env="SAASBENCH_TEST_OPENAI_KEY", **costs),
+            G.GatewayModel(
+                name="fake-chat",
+                litellm_model="openai/fake",
+                api_base=upstream.llm.base_url,
+                api_key_env="SAASBENCH_TEST_PROVIDER_KEY",
+                **costs,
+            ),
+            G.GatewayModel(
+                name="claude-sonnet-4-5",
+                litellm_model="anthropic/claude-sonnet-4-5",
+                api_base=upstream.messages.base_url,
+                api_key_env="SAASBENCH_TEST_ANTHROPIC_KEY",
+                **costs,
+            ),
+            G.GatewayModel(
+                name="gpt-5",
+                litellm_model="openai/gpt-5",
+                api_base=upstream.responses.base_url,
+                api_key_env="SAASBENCH_TEST_OPENAI_KEY",
+                **costs,
+            ),
         ],
-        backoff_min_s=MIN_S, backoff_max_s=MAX_S, workdir=str(tmp_path_factory.mktemp("gateway")))
+        backoff_min_s=MIN_S,
+        backoff_max_s=MAX_S,
+        workdir=str(tmp_path_factory.mktemp("gateway")),
+    )
     gateway = G.Gateway(config)
     t0 = time.monotonic()
     try:
         gateway.start()
-        print(f"\ngateway: litellm proxy healthy after {time.monotonic() - t0:.1f}s (pid {gateway.pid})", file=sys.stderr)
+        print(
+            f"\ngateway: litellm proxy healthy after {time.monotonic() - t0:.1f}s (pid {gateway.pid})", file=sys.stderr
+        )
         yield gateway
     finally:
         pid = gateway.pid
@@ -94,8 +116,12 @@ def gw(upstream, tmp_path_factory):
 
 
 def chat(gateway_url: str, key: str, model: str = "fake-chat", **body) -> httpx.Response:
-    return httpx.post(f"{gateway_url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": model, "messages": [{"role": "user", "content": "hi"}], **body}, timeout=60)
+    return httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], **body},
+        timeout=60,
+    )
 
 
 def new_requests(llm: FakeLLM, since: int) -> list:
@@ -111,8 +137,9 @@ def test_defaults_are_five_retries_between_10_and_60_seconds() -> None:
     assert proxy["router_settings"]["num_retries"] == 5
     assert proxy["litellm_settings"]["telemetry"] is False
     # the config names the key's variable, never a key
-    assert proxy["model_list"] == [{"model_name": "gpt-5", "litellm_params": {
-        "model": "openai/gpt-5", "api_key": "os.environ/OPENAI_API_KEY"}}]
+    assert proxy["model_list"] == [
+        {"model_name": "gpt-5", "litellm_params": {"model": "openai/gpt-5", "api_key": "os.environ/OPENAI_API_KEY"}}
+    ]
     assert proxy["general_settings"]["master_key"].startswith("os.environ/")
     with pytest.raises(ValueError, match="NAME of an environment variable"):
         G.GatewayModel(name="m", litellm_model="openai/m", api_key_env="sk-live-123")
@@ -138,9 +165,15 @@ def test_sweep_spec_takes_a_gateway_and_keeps_key_names_only() -> None:
     from saasbench.lake.records import sweep_row
     from saasbench.runs.sweep import SweepSpec
 
-    spec = SweepSpec.load({"sweep_id": "gw1", "tasks": ["timetrack"], "agents": ["codex"], "models": ["gpt-5"],
-                           "gateway": {"models": {"gpt-5": {"litellm_model": "openai/gpt-5",
-                                                            "api_key_env": "OPENAI_API_KEY"}}}})
+    spec = SweepSpec.load(
+        {
+            "sweep_id": "gw1",
+            "tasks": ["timetrack"],
+            "agents": ["codex"],
+            "models": ["gpt-5"],
+            "gateway": {"models": {"gpt-5": {"litellm_model": "openai/gpt-5", "api_key_env": "OPENAI_API_KEY"}}},
+        }
+    )
     assert isinstance(spec.gateway, G.GatewayConfig) and spec.gateway.models[0].name == "gpt-5"
     config = json.loads(sweep_row("gw1", config=spec.model_dump())["config_json"])
     assert config["gateway"]["models"][0]["api_key_env"] == "OPENAI_API_KEY"
@@ -163,8 +196,12 @@ def test_a_call_is_counted_with_tokens_exact_cost_and_latency(gw, upstream) -> N
     calls = access.calls()
     assert len(calls) == 1
     c = calls[0]
-    assert (c.trial_id, c.status, c.model_group, c.provider_model) == ("tt.builtin.fake-chat.0", "success", "fake-chat",
-                                                                       "openai/fake")
+    assert (c.trial_id, c.status, c.model_group, c.provider_model) == (
+        "tt.builtin.fake-chat.0",
+        "success",
+        "fake-chat",
+        "openai/fake",
+    )
     assert (c.prompt_tokens, c.completion_tokens, c.attempts) == (123, 45, 1)
     assert c.cost_usd == pytest.approx(123 * IN_COST + 45 * OUT_COST, abs=1e-12)
     assert c.api_base == upstream.llm.base_url and c.call_type == "acompletion"
@@ -205,7 +242,7 @@ def test_a_transient_burst_of_three_is_retried_with_backoff(gw, upstream, burst:
     # waits between attempts: at least MIN_S * 2**i, capped at MAX_S (lower bounds only)
     gaps = [b.at - a.at for a, b in itertools.pairwise(sent)]
     for i, gap in enumerate(gaps):
-        assert gap >= min(MAX_S, MIN_S * 2 ** i) - 0.002, (i, gaps)
+        assert gap >= min(MAX_S, MIN_S * 2**i) - 0.002, (i, gaps)
     (c,) = access.calls()
     assert c.status == "success" and c.attempts == 4 and len(c.retried_errors) == 3
     assert c.retry_wait_s == [pytest.approx(0.05), pytest.approx(0.1), pytest.approx(0.2)]
@@ -272,15 +309,35 @@ def test_builtin_agent_runs_through_the_gateway_and_its_calls_are_counted(gw, up
 
     def responder(request) -> Reply:
         if any(m.get("role") == "tool" for m in request.messages):
-            return Reply.with_message({"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c2", "type": "function", "function": {"name": "finish", "arguments": '{"summary": "done"}'}}]},
-                finish_reason="tool_calls", usage={"prompt_tokens": 200, "completion_tokens": 10})
+            return Reply.with_message(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c2",
+                            "type": "function",
+                            "function": {"name": "finish", "arguments": '{"summary": "done"}'},
+                        }
+                    ],
+                },
+                finish_reason="tool_calls",
+                usage={"prompt_tokens": 200, "completion_tokens": 10},
+            )
         args = json.dumps({"command": "env > env_seen.txt; echo built > out.txt"})
-        return Reply.with_message({"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": args}}]},
-            finish_reason="tool_calls", usage={"prompt_tokens": 100, "completion_tokens": 20})
+        return Reply.with_message(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shell", "arguments": args}}],
+            },
+            finish_reason="tool_calls",
+            usage={"prompt_tokens": 100, "completion_tokens": 20},
+        )
 
-    agent = gw.attach(BuiltinAgent(model="fake-chat", backoff_base_s=0.01, backoff_cap_s=0.01), "tt.builtin.fake-chat.agent")
+    agent = gw.attach(
+        BuiltinAgent(model="fake-chat", backoff_base_s=0.01, backoff_cap_s=0.01), "tt.builtin.fake-chat.agent"
+    )
     n0 = len(upstream.llm.chat_requests)
     upstream.llm.responder = responder
     try:
@@ -310,14 +367,19 @@ def test_cli_agents_get_the_gateway_and_a_virtual_key_never_a_provider_key(gw, t
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("ANTHROPIC_API_KEY", PROVIDER_KEYS["SAASBENCH_TEST_ANTHROPIC_KEY"])
     monkeypatch.setenv("OPENAI_API_KEY", PROVIDER_KEYS["SAASBENCH_TEST_OPENAI_KEY"])
-    monkeypatch.setenv("SAASBENCH_AGENT_API_KEY", PROVIDER_KEYS["SAASBENCH_TEST_OPENAI_KEY"])  # a misconfigured fallback
-    cls, key_var, url_var = {"claude": (ClaudeCodeAgent, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
-                             "codex": (CodexAgent, "OPENAI_API_KEY", "OPENAI_BASE_URL"),
-                             "openhands": (OpenHandsAgent, "LLM_API_KEY", "LLM_BASE_URL")}[fmt]
+    monkeypatch.setenv(
+        "SAASBENCH_AGENT_API_KEY", PROVIDER_KEYS["SAASBENCH_TEST_OPENAI_KEY"]
+    )  # a misconfigured fallback
+    cls, key_var, url_var = {
+        "claude": (ClaudeCodeAgent, "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+        "codex": (CodexAgent, "OPENAI_API_KEY", "OPENAI_BASE_URL"),
+        "openhands": (OpenHandsAgent, "LLM_API_KEY", "LLM_BASE_URL"),
+    }[fmt]
     bin_dir = standin(tmp_path, fmt, sample(fmt))
     kwargs = {"venv": None} if fmt == "openhands" else {}
-    agent = gw.attach(cls(model="gpt-5", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a", **kwargs),
-                      f"tt.{fmt}.gpt-5.env")
+    agent = gw.attach(
+        cls(model="gpt-5", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a", **kwargs), f"tt.{fmt}.gpt-5.env"
+    )
     with LocalEnvironment() as env:
         traj = agent.run("p", env, Budget(wall_s=60))
     assert traj.exit_reason == "completed", traj.error
@@ -340,7 +402,9 @@ class _ContainerLikeEnvironment(LocalEnvironment):
 
 def test_a_cli_agent_in_a_container_gets_a_relay_for_the_rollout(gw, upstream, tmp_path) -> None:
     bin_dir = standin(tmp_path, "codex", sample("codex"))
-    agent = gw.attach(CodexAgent(model="gpt-5", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a"), "tt.codex.gpt-5.box")
+    agent = gw.attach(
+        CodexAgent(model="gpt-5", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a"), "tt.codex.gpt-5.box"
+    )
     with _ContainerLikeEnvironment() as env:
         traj = agent.run("p", env, Budget(wall_s=60))
     seen = json.loads((bin_dir / "dump.json").read_text())["env"]
@@ -350,7 +414,9 @@ def test_a_cli_agent_in_a_container_gets_a_relay_for_the_rollout(gw, upstream, t
         shutil.rmtree(Path(seen["CODEX_HOME"]).parent, ignore_errors=True)
     assert traj.exit_reason == "completed", traj.error
     url = seen["OPENAI_BASE_URL"]
-    assert url.startswith("http://127.0.0.2:") and url.endswith("/v1") and seen["OPENAI_API_KEY"] == agent.gateway.api_key
+    assert (
+        url.startswith("http://127.0.0.2:") and url.endswith("/v1") and seen["OPENAI_API_KEY"] == agent.gateway.api_key
+    )
     assert f'base_url = "{url}"' in config and agent.gateway.api_key not in config
     with pytest.raises(httpx.ConnectError):
         httpx.get(url.removesuffix("/v1") + "/health/liveliness", timeout=5)  # the relay ended with the rollout
@@ -364,7 +430,9 @@ def test_agent_env_of_every_agent_holds_only_the_virtual_key(gw) -> None:
         assert not any(s in v for v in env.values() for s in PROVIDER_KEYS.values())
         assert gw.master_key not in env.values()
     builtin = gw.agent_env("builtin", "tt.x.fake-chat.0", model="fake-chat")
-    assert builtin["SAASBENCH_AGENT_API_BASE"] == gw.url + "/v1" and builtin["SAASBENCH_AGENT_MODEL"] == "openai/fake-chat"
+    assert (
+        builtin["SAASBENCH_AGENT_API_BASE"] == gw.url + "/v1" and builtin["SAASBENCH_AGENT_MODEL"] == "openai/fake-chat"
+    )
     assert builtin["SAASBENCH_AGENT_API_KEY_ENV"] == "SAASBENCH_GATEWAY_KEY"
     assert gw.agent_env("claude-code", "t")["ANTHROPIC_BASE_URL"] == gw.url
 
@@ -374,8 +442,10 @@ def test_real_claude_code_cli_through_the_gateway(gw, upstream, tmp_path) -> Non
     if exe is None:
         pytest.fail("Claude Code CLI not installed (scripts/test.sh installs it; or set SAASBENCH_CLAUDE_BIN)")
     n0 = len(upstream.messages.requests)
-    agent = gw.attach(ClaudeCodeAgent(model="claude-sonnet-4-5", bin_dir=str(Path(exe).parent),
-                                      artefacts_dir=tmp_path / "a"), "tt.claude-code.claude-sonnet-4-5.0")
+    agent = gw.attach(
+        ClaudeCodeAgent(model="claude-sonnet-4-5", bin_dir=str(Path(exe).parent), artefacts_dir=tmp_path / "a"),
+        "tt.claude-code.claude-sonnet-4-5.0",
+    )
     with LocalEnvironment() as env:
         traj = agent.run("Create claude_gw.txt containing via-gateway.", env, Budget(wall_s=180))
         target = Path(env.workspace_path) / "claude_gw.txt"
@@ -400,8 +470,9 @@ def test_real_codex_cli_through_the_gateway(gw, upstream, tmp_path) -> None:
     if exe is None:
         pytest.fail("Codex CLI not installed (scripts/test.sh installs it; or set SAASBENCH_CODEX_BIN)")
     n0 = len(upstream.responses.requests)
-    agent = gw.attach(CodexAgent(model="gpt-5", bin_dir=str(Path(exe).parent), artefacts_dir=tmp_path / "a"),
-                      "tt.codex.gpt-5.0")
+    agent = gw.attach(
+        CodexAgent(model="gpt-5", bin_dir=str(Path(exe).parent), artefacts_dir=tmp_path / "a"), "tt.codex.gpt-5.0"
+    )
     with LocalEnvironment() as env:
         traj = agent.run("Create codex_gw.txt containing via-gateway.", env, Budget(wall_s=180))
         target = Path(env.workspace_path) / "codex_gw.txt"
@@ -411,7 +482,9 @@ def test_real_codex_cli_through_the_gateway(gw, upstream, tmp_path) -> None:
     assert made == b"via-gateway\n"
     posts = [r for r in upstream.responses.requests[n0:] if r["path"].endswith("/responses")]
     assert len(posts) == 2
-    assert all(r["headers"].get("authorization") == "Bearer " + PROVIDER_KEYS["SAASBENCH_TEST_OPENAI_KEY"] for r in posts)
+    assert all(
+        r["headers"].get("authorization") == "Bearer " + PROVIDER_KEYS["SAASBENCH_TEST_OPENAI_KEY"] for r in posts
+    )
     calls = agent.gateway.calls()
     assert len(calls) == 2 and all(c.status == "success" and c.model_group == "gpt-5" for c in calls)
     assert [(c.prompt_tokens, c.completion_tokens) for c in calls] == [(120, 30), (120, 30)]
@@ -424,22 +497,33 @@ def test_calls_land_in_the_lake_model_calls_table(gw, upstream, tmp_path) -> Non
     from saasbench.lake.records import TrialInfo, trial_rows
 
     access = gw.for_trial("tt.builtin.fake-chat.lake")
-    upstream.llm.queue(Reply.text("a", usage={"prompt_tokens": 11, "completion_tokens": 3}),
-                       Reply.error(529, "Overloaded"), Reply.text("b", usage={"prompt_tokens": 13, "completion_tokens": 4}),
-                       Reply.error(401, "bad provider key"))
+    upstream.llm.queue(
+        Reply.text("a", usage={"prompt_tokens": 11, "completion_tokens": 3}),
+        Reply.error(529, "Overloaded"),
+        Reply.text("b", usage={"prompt_tokens": 13, "completion_tokens": 4}),
+        Reply.error(401, "bad provider key"),
+    )
     assert chat(gw.url, access.api_key).status_code == 200
     assert chat(gw.url, access.api_key).status_code == 200
     assert chat(gw.url, access.api_key).status_code == 401
     calls = access.calls()
     store = lakelib.lake_from_uri(str(tmp_path / "lake"))
-    info = TrialInfo(sweep_id="sw-gw", trial_id="tt.builtin.fake-chat.lake", task_id="timetrack", agent="builtin",
-                     model="fake-chat")
+    info = TrialInfo(
+        sweep_id="sw-gw", trial_id="tt.builtin.fake-chat.lake", task_id="timetrack", agent="builtin", model="fake-chat"
+    )
     lakelib.write_trial(store, trial_rows(info, model_calls=calls))
-    rows = lakelib.query(store, "SELECT trial_id, call_index, status, tokens_in, tokens_out, cost_usd, attempts, "
-                                "retry_wait_s, retried_errors, error_class, http_status, latency_ms, model_group "
-                                "FROM model_calls WHERE sweep_id = ? ORDER BY call_index", ["sw-gw"]).to_pylist()
+    rows = lakelib.query(
+        store,
+        "SELECT trial_id, call_index, status, tokens_in, tokens_out, cost_usd, attempts, "
+        "retry_wait_s, retried_errors, error_class, http_status, latency_ms, model_group "
+        "FROM model_calls WHERE sweep_id = ? ORDER BY call_index",
+        ["sw-gw"],
+    ).to_pylist()
     assert [(r["call_index"], r["status"], r["tokens_in"], r["tokens_out"], r["attempts"]) for r in rows] == [
-        (0, "success", 11, 3, 1), (1, "success", 13, 4, 2), (2, "failure", 0, 0, 1)]
+        (0, "success", 11, 3, 1),
+        (1, "success", 13, 4, 2),
+        (2, "failure", 0, 0, 1),
+    ]
     assert rows[0]["cost_usd"] == pytest.approx(11 * IN_COST + 3 * OUT_COST, abs=1e-12)
     assert rows[1]["retried_errors"] == ["APIError"] and rows[1]["retry_wait_s"] == pytest.approx(MIN_S)
     assert (rows[2]["error_class"], rows[2]["http_status"]) == ("AuthenticationError", 401)
@@ -452,19 +536,23 @@ def test_calls_land_in_the_lake_model_calls_table(gw, upstream, tmp_path) -> Non
 def test_a_failed_start_is_reported_and_leaves_no_process(tmp_path, monkeypatch) -> None:
     """A missing provider key or an unusable address is refused before anything starts; a proxy that dies
     during startup is reported with its log."""
-    config = G.GatewayConfig(models=[G.GatewayModel(name="m", litellm_model="openai/m",
-                                                    api_key_env="SAASBENCH_TEST_SURELY_UNSET_KEY")],
-                             workdir=str(tmp_path / "w"))
+    config = G.GatewayConfig(
+        models=[G.GatewayModel(name="m", litellm_model="openai/m", api_key_env="SAASBENCH_TEST_SURELY_UNSET_KEY")],
+        workdir=str(tmp_path / "w"),
+    )
     with pytest.raises(G.GatewayError, match="SAASBENCH_TEST_SURELY_UNSET_KEY"):
         G.Gateway(config).start()
-    unroutable = G.GatewayConfig(models=[G.GatewayModel(name="m", litellm_model="openai/m")],
-                                 workdir=str(tmp_path / "w2"), host="203.0.113.1")  # not an address of this machine
+    unroutable = G.GatewayConfig(
+        models=[G.GatewayModel(name="m", litellm_model="openai/m")], workdir=str(tmp_path / "w2"), host="203.0.113.1"
+    )  # not an address of this machine
     with pytest.raises(G.GatewayError, match="cannot bind"):
         G.Gateway(unroutable).start()
-    monkeypatch.setattr(G, "litellm_command",
-                        lambda: [sys.executable, "-c", "import sys; print('proxy boom'); sys.exit(3)"])
-    gateway = G.Gateway(G.GatewayConfig(models=[G.GatewayModel(name="m", litellm_model="openai/m")],
-                                        workdir=str(tmp_path / "w3")))
+    monkeypatch.setattr(
+        G, "litellm_command", lambda: [sys.executable, "-c", "import sys; print('proxy boom'); sys.exit(3)"]
+    )
+    gateway = G.Gateway(
+        G.GatewayConfig(models=[G.GatewayModel(name="m", litellm_model="openai/m")], workdir=str(tmp_path / "w3"))
+    )
     with pytest.raises(G.GatewayError, match="exited 3") as err:
         gateway.start()
     assert "proxy boom" in str(err.value) and gateway.pid is None
@@ -483,17 +571,35 @@ def test_a_sweep_trial_through_the_gateway_commits_its_model_calls(gw, upstream,
     files = sorted(p for p in ref.rglob("*") if p.is_file() and "__pycache__" not in p.parts and "data" not in p.parts)
 
     def turn(i: int, name: str, args: dict) -> Reply:
-        return Reply.with_message({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"t{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]},
-            finish_reason="tool_calls", usage={"prompt_tokens": 50 + i, "completion_tokens": 5})
+        return Reply.with_message(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": f"t{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                ],
+            },
+            finish_reason="tool_calls",
+            usage={"prompt_tokens": 50 + i, "completion_tokens": 5},
+        )
 
-    turns = [turn(i, "write_file", {"path": p.relative_to(ref).as_posix(), "content": p.read_text(encoding="utf-8")})
-             for i, p in enumerate(files)]
+    turns = [
+        turn(i, "write_file", {"path": p.relative_to(ref).as_posix(), "content": p.read_text(encoding="utf-8")})
+        for i, p in enumerate(files)
+    ]
     turns.append(turn(len(files), "finish", {"summary": "done"}))
     upstream.llm.queue(*turns)
-    spec = sw.SweepSpec.model_validate({"sweep_id": "gw-sweep", "tasks": ["timetrack"], "agents": ["builtin"],
-                                        "models": ["fake-chat"], "lake": str(tmp_path / "lake"),
-                                        "report_dir": str(tmp_path / "reports"), "retry_delays": [0]})
+    spec = sw.SweepSpec.model_validate(
+        {
+            "sweep_id": "gw-sweep",
+            "tasks": ["timetrack"],
+            "agents": ["builtin"],
+            "models": ["fake-chat"],
+            "lake": str(tmp_path / "lake"),
+            "report_dir": str(tmp_path / "reports"),
+            "retry_delays": [0],
+        }
+    )
     trial = sw.plan(spec)[0]
     try:
         outcome = sw.run_trial(trial, spec, gateway=gw)
@@ -502,13 +608,22 @@ def test_a_sweep_trial_through_the_gateway_commits_its_model_calls(gw, upstream,
         upstream.llm._queue.clear()
     assert outcome == "completed" and left == 0
     lake = str(tmp_path / "lake")
-    (row,) = lakelib.query(lake, "SELECT trial_id, tokens_in, tokens_out, deterministic_score FROM trials "
-                                 "WHERE sweep_id = 'gw-sweep'").to_pylist()
+    (row,) = lakelib.query(
+        lake, "SELECT trial_id, tokens_in, tokens_out, deterministic_score FROM trials WHERE sweep_id = 'gw-sweep'"
+    ).to_pylist()
     assert row["trial_id"] == trial.trial_id and row["deterministic_score"] > 50
-    calls = lakelib.query(lake, "SELECT call_index, status, model_group, tokens_in, tokens_out, cost_usd "
-                                "FROM model_calls WHERE trial_id = ? ORDER BY call_index", [trial.trial_id]).to_pylist()
+    calls = lakelib.query(
+        lake,
+        "SELECT call_index, status, model_group, tokens_in, tokens_out, cost_usd "
+        "FROM model_calls WHERE trial_id = ? ORDER BY call_index",
+        [trial.trial_id],
+    ).to_pylist()
     assert len(calls) == len(turns) and all(c["status"] == "success" and c["model_group"] == "fake-chat" for c in calls)
     assert [c["tokens_in"] for c in calls] == [50 + i for i in range(len(turns))]
-    assert sum(c["tokens_in"] for c in calls) == row["tokens_in"] and sum(c["tokens_out"] for c in calls) == row["tokens_out"]
+    assert (
+        sum(c["tokens_in"] for c in calls) == row["tokens_in"]
+        and sum(c["tokens_out"] for c in calls) == row["tokens_out"]
+    )
     assert sum(c["cost_usd"] for c in calls) == pytest.approx(
-        sum(50 + i for i in range(len(turns))) * IN_COST + 5 * len(turns) * OUT_COST, abs=1e-12)
+        sum(50 + i for i in range(len(turns))) * IN_COST + 5 * len(turns) * OUT_COST, abs=1e-12
+    )

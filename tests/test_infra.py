@@ -62,8 +62,10 @@ def test_compose_stack_structure_and_consistency():
     assert svcs["postgres"]["image"].startswith("postgres:")
     server = svcs["prefect-server"]
     url = server["environment"]["PREFECT_SERVER_DATABASE_CONNECTION_URL"]
-    assert url == (f"postgresql+asyncpg://{pg_env['POSTGRES_USER']}:{pg_env['POSTGRES_PASSWORD']}@postgres:5432/"
-                   f"{pg_env['POSTGRES_DB']}")
+    assert url == (
+        f"postgresql+asyncpg://{pg_env['POSTGRES_USER']}:{pg_env['POSTGRES_PASSWORD']}@postgres:5432/"
+        f"{pg_env['POSTGRES_DB']}"
+    )
     assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert server["image"].endswith(f":{prefect_yaml['prefect-version']}-python3.11")
     port = re.search(r"--port (\d+)", command_text(server)).group(1)
@@ -71,7 +73,9 @@ def test_compose_stack_structure_and_consistency():
 
     # the S3-compatible store: the bucket s3-init creates is the worker's lake, on the store's port
     s3_port = command_text(svcs["s3"]).split("-p")[-1].split()[0]
-    bucket = re.search(r"s3 mb s3://([a-z0-9.-]+)", command_text(svcs["s3-init"]) + " ".join(svcs["s3-init"]["entrypoint"])).group(1)
+    bucket = re.search(
+        r"s3 mb s3://([a-z0-9.-]+)", command_text(svcs["s3-init"]) + " ".join(svcs["s3-init"]["entrypoint"])
+    ).group(1)
     worker = svcs["worker"]
     wenv = worker["environment"]
     assert wenv["SAASBENCH_S3_ENDPOINT"] == f"http://s3:{s3_port}"
@@ -98,8 +102,14 @@ def test_compose_stack_structure_and_consistency():
 def test_docker_compose_config_validates():
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing: scripts/test.sh installs Debian's docker-compose"
-    res = subprocess.run([exe, "-p", "saasbench", "-f", str(COMPOSE), "config"], capture_output=True, text=True, check=False,
-                         timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    res = subprocess.run(
+        [exe, "-p", "saasbench", "-f", str(COMPOSE), "config"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
     assert res.returncode == 0, res.stderr
     resolved = yaml.safe_load(res.stdout)
     assert set(resolved["services"]) == set(load(COMPOSE)["services"])
@@ -113,6 +123,12 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path):
     broken["services"]["worker"]["depends_on"] = {"no-such-service": {"condition": "service_started"}}
     path = tmp_path / "compose.yaml"
     path.write_text(yaml.safe_dump(broken))
-    res = subprocess.run([shutil.which("docker-compose") or "docker-compose", "-p", "saasbench", "-f", str(path),
-                          "config"], capture_output=True, text=True, check=False, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    res = subprocess.run(
+        [shutil.which("docker-compose") or "docker-compose", "-p", "saasbench", "-f", str(path), "config"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
     assert res.returncode != 0 and "no-such-service" in res.stderr

@@ -56,7 +56,9 @@ def test_agent_workspace_has_no_evaluator_files(tmp_path: Path) -> None:
     ro = run_rollout(load_task("timetrack"), agent, out_dir=tmp_path / "ro")
     assert ro.outcome == "completed"
     assert agent.outputs[0].split() == ["./data", "./knowledge_base.json", "./task.md"]
-    evaluator = {sha(p.read_bytes()) for p in [TIMETRACK / "dag.json", *(TIMETRACK / "reference").rglob("*")] if p.is_file()}
+    evaluator = {
+        sha(p.read_bytes()) for p in [TIMETRACK / "dag.json", *(TIMETRACK / "reference").rglob("*")] if p.is_file()
+    }
     seen = {line.split()[0] for line in agent.outputs[1].splitlines()}
     assert len(seen) == 2 and not (seen & evaluator)
     assert seen == {sha((TIMETRACK / "task.md").read_bytes()), sha((TIMETRACK / "knowledge_base.json").read_bytes())}
@@ -64,13 +66,21 @@ def test_agent_workspace_has_no_evaluator_files(tmp_path: Path) -> None:
 
 def test_default_integrity_targets_are_the_staged_inputs_and_only_warn(tmp_path: Path) -> None:
     task = load_task("timetrack")
-    assert integrity_targets(task) == [("task.md", "warn", "inputs_modified"),
-                                       ("knowledge_base.json", "warn", "inputs_modified")]
-    ro = run_rollout(task, ScriptedAgent("rm task.md", "echo '# notes' >> knowledge_base.json"), out_dir=tmp_path / "ro")
+    assert integrity_targets(task) == [
+        ("task.md", "warn", "inputs_modified"),
+        ("knowledge_base.json", "warn", "inputs_modified"),
+    ]
+    ro = run_rollout(
+        task, ScriptedAgent("rm task.md", "echo '# notes' >> knowledge_base.json"), out_dir=tmp_path / "ro"
+    )
     assert ro.outcome == "completed"  # moving or editing the PRD copy is not cheating: reported, not voided
     assert [(f["rule"], f["severity"], f["evidence"]) for f in ro.integrity_findings] == [
-        ("inputs_modified", "warn", "knowledge_base.json modified"), ("inputs_modified", "warn", "task.md deleted")]
-    assert ro.integrity_findings[1]["detail"]["after"] is None and len(ro.integrity_findings[1]["detail"]["before"]) == 64
+        ("inputs_modified", "warn", "knowledge_base.json modified"),
+        ("inputs_modified", "warn", "task.md deleted"),
+    ]
+    assert (
+        ro.integrity_findings[1]["detail"]["after"] is None and len(ro.integrity_findings[1]["detail"]["before"]) == 64
+    )
     # the evidence is also on the trajectory (it reaches the lake's trajectory_events)
     assert [e.data["rule"] for e in ro.trajectory.events if e.kind == "anticheat"] == ["inputs_modified"] * 2
 
@@ -78,20 +88,26 @@ def test_default_integrity_targets_are_the_staged_inputs_and_only_warn(tmp_path:
 def test_declared_integrity_paths_void_on_any_change(tmp_path: Path) -> None:
     task_dir = with_integrity_paths(make_task(tmp_path / "tasks").root, ["task.md", "checks"])
     task = load_task_dir(task_dir)
-    assert integrity_targets(task) == [("task.md", "void", "evaluator_modified"), ("checks", "void", "evaluator_modified")]
+    assert integrity_targets(task) == [
+        ("task.md", "void", "evaluator_modified"),
+        ("checks", "void", "evaluator_modified"),
+    ]
 
-    clean = run_rollout(task, ScriptedAgent("cat task.md > /dev/null", "mkdir -p src && echo x > src/a.py"),
-                        out_dir=tmp_path / "clean")
+    clean = run_rollout(
+        task, ScriptedAgent("cat task.md > /dev/null", "mkdir -p src && echo x > src/a.py"), out_dir=tmp_path / "clean"
+    )
     assert clean.outcome == "completed" and clean.integrity_findings == [] and clean.cheat_findings == []
 
     tampered = run_rollout(task, ScriptedAgent("echo 'all done' > task.md"), out_dir=tmp_path / "t1")
     assert tampered.outcome == "voided_cheat"
     assert [(f["rule"], f["severity"], f["evidence"]) for f in tampered.integrity_findings] == [
-        ("evaluator_modified", "void", "task.md modified")]
+        ("evaluator_modified", "void", "task.md modified")
+    ]
     assert tampered.outcome_detail == "voided_cheat: evaluator_modified: task.md modified"
 
-    created = run_rollout(task, ScriptedAgent("mkdir -p checks && echo 'assert True' > checks/test_ok.py"),
-                          out_dir=tmp_path / "t2")
+    created = run_rollout(
+        task, ScriptedAgent("mkdir -p checks && echo 'assert True' > checks/test_ok.py"), out_dir=tmp_path / "t2"
+    )
     assert created.outcome == "voided_cheat"
     assert [f["evidence"] for f in created.integrity_findings] == ["checks/test_ok.py created"]
 

@@ -13,8 +13,10 @@ from fake_llm import FakeLLM, Reply
 
 SECRET = "sk-test-SECRET-0123456789abcdef"
 KEY_ENV = "SAASBENCH_TEST_JUDGE_KEY"
-PAPER_SYSTEM = ('You are an expert evaluator. Score the evidence against the rubric. Respond ONLY with a JSON object: '
-                '{"score": <0-5>, "reasoning": "<brief explanation>"}')
+PAPER_SYSTEM = (
+    "You are an expert evaluator. Score the evidence against the rubric. Respond ONLY with a JSON object: "
+    '{"score": <0-5>, "reasoning": "<brief explanation>"}'
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,7 +43,9 @@ def make_judge(llm: FakeLLM, **kw: Any):
     from saasbench.services.judge import Judge, JudgeConfig
 
     sleeps: list[float] = []
-    cfg = dict(model="openai/fake", api_base=llm.base_url, retries=3, backoff_base_s=0.001, backoff_cap_s=0.01, timeout_s=5)
+    cfg = dict(
+        model="openai/fake", api_base=llm.base_url, retries=3, backoff_base_s=0.001, backoff_cap_s=0.01, timeout_s=5
+    )
     cfg.update(kw)
     judge = Judge(JudgeConfig(**cfg), sleep=lambda s: sleeps.append(s))
     judge.sleeps = sleeps  # type: ignore[attr-defined]
@@ -76,22 +80,29 @@ def test_template_writes_integer_top_and_nonzero_bottom():
     from saasbench.services.judge import system_message
 
     assert system_message((0, 6.0)).endswith('{"score": <0-6>, "reasoning": "<brief explanation>"}')
-    assert '<1-2.5>' in system_message((1, 2.5))
+    assert "<1-2.5>" in system_message((1, 2.5))
 
 
 # --- parsing -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("reply,score,form", [
-    ('{"score": 4, "reasoning": "good"}', 4, "json"),
-    ('{"Score": "3", "reason": "ok"}', 3, "json"),
-    ('```json\n{"score": 2, "reasoning": "meh"}\n```', 2, "fenced_json"),
-    ('Sure!\n```\n{"score": 5}\n```\nDone.', 5, "fenced_json"),
-    ('My verdict is {"score": 1.5, "reasoning": "nested {braces} ok", "detail": {"a": 1}} as asked.', 1.5, "embedded_json"),
-    ("Score: 4", 4, "pattern"),
-    ("**Score:** 3/5\nThe app has a nav bar.", 3, "pattern"),
-    ('{"score": 3, "reasoning": "the reply was cut by max_tok', 3, "pattern"),
-    ("Reasoning first.\nFinal score: 2 out of 5", 2, "pattern"),
-    ("4", 4, "number"),
-])
+@pytest.mark.parametrize(
+    "reply,score,form",
+    [
+        ('{"score": 4, "reasoning": "good"}', 4, "json"),
+        ('{"Score": "3", "reason": "ok"}', 3, "json"),
+        ('```json\n{"score": 2, "reasoning": "meh"}\n```', 2, "fenced_json"),
+        ('Sure!\n```\n{"score": 5}\n```\nDone.', 5, "fenced_json"),
+        (
+            'My verdict is {"score": 1.5, "reasoning": "nested {braces} ok", "detail": {"a": 1}} as asked.',
+            1.5,
+            "embedded_json",
+        ),
+        ("Score: 4", 4, "pattern"),
+        ("**Score:** 3/5\nThe app has a nav bar.", 3, "pattern"),
+        ('{"score": 3, "reasoning": "the reply was cut by max_tok', 3, "pattern"),
+        ("Reasoning first.\nFinal score: 2 out of 5", 2, "pattern"),
+        ("4", 4, "number"),
+    ],
+)
 def test_parse_forms(reply, score, form):
     from saasbench.services.judge import parse_reply
 
@@ -101,8 +112,19 @@ def test_parse_forms(reply, score, form):
     assert parsed.form == form
 
 
-@pytest.mark.parametrize("reply", ["", "   ", "I cannot evaluate this.", '{"score": true}', '{"score": null}',
-                                   '{"reasoning": "no score"}', "NaN", '{"score": "high"}'])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "",
+        "   ",
+        "I cannot evaluate this.",
+        '{"score": true}',
+        '{"score": null}',
+        '{"reasoning": "no score"}',
+        "NaN",
+        '{"score": "high"}',
+    ],
+)
 def test_parse_rejects(reply):
     from saasbench.services.judge import parse_reply
 
@@ -271,7 +293,9 @@ def test_single_vote_key_is_vote_zero_of_k(llm):
 
 
 # --- images ----------------------------------------------------------------------------------------------
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 def test_screenshot_evidence_is_sent_as_image_urls(llm, tmp_path):
@@ -338,7 +362,9 @@ def test_code_evidence_is_deterministic_and_fair(workspace, tmp_path):
     assert "src/auth/permissions.py" in sampled
     assert "config/app.yaml" in sampled and "README.md" in sampled
     # skipped folders and junk never sampled
-    assert not any(s.startswith(("node_modules/", "tests/")) or s.endswith((".png", "package-lock.json")) for s in sampled)
+    assert not any(
+        s.startswith(("node_modules/", "tests/")) or s.endswith((".png", "package-lock.json")) for s in sampled
+    )
     # per-file budget
     for piece in ev.text.split("### ")[1:]:
         assert len(piece) < 4_000 + 200
@@ -399,11 +425,17 @@ def _judge_dag(p17_inputs: dict[str, Any], *, max_score: float = 10, before: lis
     _ensure_p17()
 
     nodes = [
-        {"id": "README_EXISTS", "steps": [{"type": "P01", "inputs": {"path": "README.md"}}],
-         "scoring": {"category": "Deployment", "method": "binary", "maxScore": 5}},
-        {"id": "CODE_QUALITY", "prereqs": ["README_EXISTS"],
-         "steps": (before or []) + [{"type": "P17", "inputs": p17_inputs}],
-         "scoring": {"category": "ArchitectureQuality", "method": "llm-judge", "maxScore": max_score}},
+        {
+            "id": "README_EXISTS",
+            "steps": [{"type": "P01", "inputs": {"path": "README.md"}}],
+            "scoring": {"category": "Deployment", "method": "binary", "maxScore": 5},
+        },
+        {
+            "id": "CODE_QUALITY",
+            "prereqs": ["README_EXISTS"],
+            "steps": (before or []) + [{"type": "P17", "inputs": p17_inputs}],
+            "scoring": {"category": "ArchitectureQuality", "method": "llm-judge", "maxScore": max_score},
+        },
     ]
     return load_dag_data({"nodes": nodes})
 
@@ -418,8 +450,11 @@ def _run(load, workspace: Path, judge: Any, *, enabled: bool = True, base_url: s
     return {n.id: n for n in report.nodes}, report
 
 
-RUBRIC = {"rubric_prompt": "Evaluate the billing invoice code. Score 0-5.", "score_range": [0, 5],
-          "files_to_sample": ["src/billing", "keyword:auth"]}
+RUBRIC = {
+    "rubric_prompt": "Evaluate the billing invoice code. Score 0-5.",
+    "score_range": [0, 5],
+    "files_to_sample": ["src/billing", "keyword:auth"],
+}
 
 
 def test_engine_scores_the_judge(llm, workspace):
@@ -434,7 +469,9 @@ def test_engine_scores_the_judge(llm, workspace):
     assert node.judge["score"] == 3
     assert report.summary.task_score == pytest.approx(100 * (5 + 6) / 15, abs=0.01)
     user = llm.chat_requests[0].body["messages"][1]["content"]
-    assert user.startswith("## Rubric\nEvaluate the billing invoice code. Score 0-5.\n\n## Evidence\n# Workspace evidence")
+    assert user.startswith(
+        "## Rubric\nEvaluate the billing invoice code. Score 0-5.\n\n## Evidence\n# Workspace evidence"
+    )
 
 
 def test_engine_clips_judge_above_range(llm, workspace):
@@ -491,31 +528,58 @@ def test_response_evidence_and_aliases(llm, workspace):
     _ensure_p17()
     ctx = RunContext(Target(workspace=workspace), options=RunOptions(judge_enabled=True))
     ctx.judge = make_judge(llm)
-    ctx.last_response = HttpResponse(method="GET", url="http://app/items?token=abc", status=200,
-                                     headers={"content-type": "application/json"}, text='{"items": []}',
-                                     body={"items": []}, is_json=True, elapsed_ms=1.0)
+    ctx.last_response = HttpResponse(
+        method="GET",
+        url="http://app/items?token=abc",
+        status=200,
+        headers={"content-type": "application/json"},
+        text='{"items": []}',
+        body={"items": []},
+        is_json=True,
+        elapsed_ms=1.0,
+    )
     spec = REGISTRY.spec("P17")
-    inputs = spec.inputs.model_validate({"prompt": "Empty list ok?", "evidence_source": "http_response_body", "max_score": 2})
+    inputs = spec.inputs.model_validate(
+        {"prompt": "Empty list ok?", "evidence_source": "http_response_body", "max_score": 2}
+    )
     llm.queue(ok(2))
     result = spec.fn(inputs, ctx)
     assert result.passed and result.judge_score == 2 and result.judge_range == (0, 2)
     user = llm.chat_requests[0].body["messages"][1]["content"]
-    assert "HTTP 200 application/json\nRequest: GET /items\n\n{\"items\": []}" in user
+    assert 'HTTP 200 application/json\nRequest: GET /items\n\n{"items": []}' in user
     assert "token=abc" not in user
 
 
 def test_loader_normalises_p17_dialects():
-    load = _judge_dag({"rubric": "R", "evidence_source": "codebase", "max_score": 6, "evidence_files": ["src"],
-                       "sample_limit": 12, "rubric_id": "R01", "sample_strategy": "structure_and_key_files"})
+    load = _judge_dag(
+        {
+            "rubric": "R",
+            "evidence_source": "codebase",
+            "max_score": 6,
+            "evidence_files": ["src"],
+            "sample_limit": 12,
+            "rubric_id": "R01",
+            "sample_strategy": "structure_and_key_files",
+        }
+    )
     messages = [i.message for i in load.issues if i.kind == "normalisation"]
-    for expected in ("'rubric' -> 'rubric_prompt'", "'evidence_source' -> 'evidence_type'", "'codebase' -> 'code_files'",
-                     "'max_score' -> 'score_range'", "'evidence_files' -> 'files_to_sample'", "'sample_limit' -> 'max_files'"):
+    for expected in (
+        "'rubric' -> 'rubric_prompt'",
+        "'evidence_source' -> 'evidence_type'",
+        "'codebase' -> 'code_files'",
+        "'max_score' -> 'score_range'",
+        "'evidence_files' -> 'files_to_sample'",
+        "'sample_limit' -> 'max_files'",
+    ):
         assert any(expected in m for m in messages), (expected, messages)
     assert not [i for i in load.issues if i.kind == "warning" and "P17" in i.message]
 
 
 def test_rubric_is_not_placeholder_resolved(llm, workspace):
-    inputs = {"rubric_prompt": "Templates like {{user_name}} must be escaped. Score 0-5.", "files_to_sample": ["README.md"]}
+    inputs = {
+        "rubric_prompt": "Templates like {{user_name}} must be escaped. Score 0-5.",
+        "files_to_sample": ["README.md"],
+    }
     llm.queue(ok(1))
     nodes, _ = _run(_judge_dag(inputs), workspace, make_judge(llm))
     assert nodes["CODE_QUALITY"].status.value == "PASSED"
@@ -531,7 +595,12 @@ def test_keys_never_in_evidence_or_records(llm, workspace, key_env, monkeypatch)
     nodes, report = _run(_judge_dag(RUBRIC), workspace, judge)
     assert nodes["CODE_QUALITY"].status.value == "PASSED"
     assert llm.chat_requests[0].headers.get("authorization") == f"Bearer {SECRET}"
-    blob = report.model_dump_json() + json.dumps([c.model_dump(mode="json") for c in judge.calls]) + repr(judge) + judge.config.model_dump_json()
+    blob = (
+        report.model_dump_json()
+        + json.dumps([c.model_dump(mode="json") for c in judge.calls])
+        + repr(judge)
+        + judge.config.model_dump_json()
+    )
     assert SECRET not in blob
     assert KEY_ENV in judge.config.model_dump_json()  # the name is kept, the value never
 
@@ -555,8 +624,13 @@ def test_fake_llm_models_and_streaming(llm):
     with urllib.request.urlopen(llm.base_url + "/models") as resp:
         assert json.load(resp)["data"][0]["id"] == "fake"
     llm.queue(Reply.text("hello streaming world"))
-    chunks = _litellm().completion(model="openai/fake", api_base=llm.base_url, api_key="x", stream=True,
-                                   messages=[{"role": "user", "content": "hi"}])
+    chunks = _litellm().completion(
+        model="openai/fake",
+        api_base=llm.base_url,
+        api_key="x",
+        stream=True,
+        messages=[{"role": "user", "content": "hi"}],
+    )
     text = "".join((c.choices[0].delta.content or "") for c in chunks)
     assert text == "hello streaming world"
     assert llm.chat_requests[-1].body["stream"] is True

@@ -27,7 +27,7 @@ from saasbench.lake.store import LocalStore, S3Store
 ROOT = Path(__file__).resolve().parents[1]
 
 HOSTILE = [
-    "it's \"quoted\" `back` \\ slash",
+    'it\'s "quoted" `back` \\ slash',
     "'); DROP TABLE trials; --",
     "\"; DELETE FROM node_results WHERE '1'='1",
     "unicode: ünïcødé — 日本語 — 🦆🔥 — \u202e RTL \u0000 nul \x1b[31m ansi",
@@ -39,8 +39,9 @@ HOSTILE = [
 # --- a real report -------------------------------------------------------------------------------
 def _fake_completion(**kwargs: Any) -> Any:
     msg = SimpleNamespace(content='{"score": 4, "reasoning": "decent; it\'s fine"}')
-    return SimpleNamespace(choices=[SimpleNamespace(message=msg)],
-                           usage=SimpleNamespace(prompt_tokens=120, completion_tokens=12))
+    return SimpleNamespace(
+        choices=[SimpleNamespace(message=msg)], usage=SimpleNamespace(prompt_tokens=120, completion_tokens=12)
+    )
 
 
 def run_real_report(workspace: Path) -> tuple[Any, list[Any]]:
@@ -58,20 +59,44 @@ def run_real_report(workspace: Path) -> tuple[Any, list[Any]]:
     (workspace / "README.md").write_text("# App\n")
     (workspace / "src" / "app.py").write_text("print('hi')\n")
     nodes = [
-        {"id": "README_EXISTS", "steps": [{"type": "P01", "inputs": {"path": "README.md"}}],
-         "scoring": {"category": "Deployment", "method": "binary", "maxScore": 5}},
-        {"id": "LICENSE_EXISTS", "steps": [{"type": "P01", "inputs": {"path": "LICENSE"}}],
-         "scoring": {"category": "Deployment", "subcategory": "legal", "method": "binary", "maxScore": 2}},
-        {"id": "NEEDS_LICENSE", "prereqs": ["LICENSE_EXISTS"], "steps": [{"type": "P01", "inputs": {"path": "README.md"}}],
-         "scoring": {"category": "Deployment", "method": "binary", "maxScore": 1}},
-        {"id": "CODE_QUALITY", "prereqs": ["README_EXISTS"],
-         "steps": [{"type": "P17", "inputs": {"rubric_prompt": "Score 0-5.", "score_range": [0, 5],
-                                             "files_to_sample": ["src"], "rubric_id": "R1"}}],
-         "scoring": {"category": "ArchitectureQuality", "method": "llm-judge", "maxScore": 10}},
+        {
+            "id": "README_EXISTS",
+            "steps": [{"type": "P01", "inputs": {"path": "README.md"}}],
+            "scoring": {"category": "Deployment", "method": "binary", "maxScore": 5},
+        },
+        {
+            "id": "LICENSE_EXISTS",
+            "steps": [{"type": "P01", "inputs": {"path": "LICENSE"}}],
+            "scoring": {"category": "Deployment", "subcategory": "legal", "method": "binary", "maxScore": 2},
+        },
+        {
+            "id": "NEEDS_LICENSE",
+            "prereqs": ["LICENSE_EXISTS"],
+            "steps": [{"type": "P01", "inputs": {"path": "README.md"}}],
+            "scoring": {"category": "Deployment", "method": "binary", "maxScore": 1},
+        },
+        {
+            "id": "CODE_QUALITY",
+            "prereqs": ["README_EXISTS"],
+            "steps": [
+                {
+                    "type": "P17",
+                    "inputs": {
+                        "rubric_prompt": "Score 0-5.",
+                        "score_range": [0, 5],
+                        "files_to_sample": ["src"],
+                        "rubric_id": "R1",
+                    },
+                }
+            ],
+            "scoring": {"category": "ArchitectureQuality", "method": "llm-judge", "maxScore": 10},
+        },
     ]
     dag = load_dag_data({"meta": {"task_id": "lake-test"}, "nodes": nodes}, source="<lake test>").dag
     ctx = RunContext(Target(workspace=workspace, task_id="lake-test"), options=RunOptions(judge_enabled=True))
-    judge = Judge(JudgeConfig(model="openai/fake", api_base="http://127.0.0.1:9/v1", retries=0), completion=_fake_completion)
+    judge = Judge(
+        JudgeConfig(model="openai/fake", api_base="http://127.0.0.1:9/v1", retries=0), completion=_fake_completion
+    )
     ctx.judge = judge
     report = Engine(dag, ctx).run()
     return report, list(judge.calls)
@@ -95,20 +120,51 @@ def real(tmp_path_factory) -> dict[str, Any]:
     return {"report": report, "calls": calls, "trajectory": make_trajectory()}
 
 
-def rows_for(real: dict[str, Any], *, sweep: str = "sw-1", trial: str = "tr-1", task: str = "lake-test",
-             messages: dict[str, str] | None = None, with_traj: bool = True, attempt: int = 0) -> L.TrialRows:
+def rows_for(
+    real: dict[str, Any],
+    *,
+    sweep: str = "sw-1",
+    trial: str = "tr-1",
+    task: str = "lake-test",
+    messages: dict[str, str] | None = None,
+    with_traj: bool = True,
+    attempt: int = 0,
+) -> L.TrialRows:
     report = real["report"].model_copy(deep=True)
     for n in report.nodes:
         if messages and n.id in messages:
             n.message = messages[n.id]
-    info = L.TrialInfo(sweep_id=sweep, trial_id=trial, task_id=task, agent="oracle", model="fake/model",
-                       attempt=attempt, category="backend", domain="CG", complexity_tier="T2",
-                       started_at="2026-12-02T10:00:00+00:00", ended_at="2026-12-02T10:05:30+00:00",
-                       app_ok=True)
-    return L.trial_rows(info, report, trajectory=real["trajectory"] if with_traj else None,
-                        judge_calls=real["calls"],
-                        env_builds=[{"service": "app", "backend": "local", "image_tag": "sb/app:abc", "cache_hit": True,
-                                     "ok": True, "duration_s": 0.1, "started_at": "2026-12-02T09:59:00Z"}])
+    info = L.TrialInfo(
+        sweep_id=sweep,
+        trial_id=trial,
+        task_id=task,
+        agent="oracle",
+        model="fake/model",
+        attempt=attempt,
+        category="backend",
+        domain="CG",
+        complexity_tier="T2",
+        started_at="2026-12-02T10:00:00+00:00",
+        ended_at="2026-12-02T10:05:30+00:00",
+        app_ok=True,
+    )
+    return L.trial_rows(
+        info,
+        report,
+        trajectory=real["trajectory"] if with_traj else None,
+        judge_calls=real["calls"],
+        env_builds=[
+            {
+                "service": "app",
+                "backend": "local",
+                "image_tag": "sb/app:abc",
+                "cache_hit": True,
+                "ok": True,
+                "duration_s": 0.1,
+                "started_at": "2026-12-02T09:59:00Z",
+            }
+        ],
+    )
 
 
 # --- lakes: a folder and S3 ----------------------------------------------------------------------
@@ -117,8 +173,9 @@ def lake(request, tmp_path) -> L.Store:
     if request.param == "local":
         return L.lake_from_uri(str(tmp_path / "lake"))
     server = request.getfixturevalue("s3_server")
-    return L.lake_from_uri(server.uri(f"t/{request.node.name.replace('[', '_').replace(']', '')}"),
-                           endpoint_url=server.endpoint_url)
+    return L.lake_from_uri(
+        server.uri(f"t/{request.node.name.replace('[', '_').replace(']', '')}"), endpoint_url=server.endpoint_url
+    )
 
 
 def _counts(lake: L.Store) -> dict[str, int]:
@@ -130,20 +187,64 @@ def _counts(lake: L.Store) -> dict[str, int]:
 def test_schema_has_the_issue_columns():
     want = {
         "sweeps": {"sweep_id", "created_at", "config_json"},
-        "trials": {"sweep_id", "trial_id", "task_id", "domain", "agent", "model", "attempt", "outcome", "started_at",
-                   "ended_at", "wall_s", "steps", "tokens_in", "tokens_out", "cost_usd", "task_score",
-                   "deterministic_score", "node_coverage", "max_score", "skipped_llm_max_score", "compat",
-                   "harness_version"},
-        "node_results": {"sweep_id", "trial_id", "task_id", "agent", "model", "attempt", "node_id", "category",
-                         "subcategory", "method", "complexity_tier", "status", "score", "max_score", "duration_ms",
-                         "message"},
+        "trials": {
+            "sweep_id",
+            "trial_id",
+            "task_id",
+            "domain",
+            "agent",
+            "model",
+            "attempt",
+            "outcome",
+            "started_at",
+            "ended_at",
+            "wall_s",
+            "steps",
+            "tokens_in",
+            "tokens_out",
+            "cost_usd",
+            "task_score",
+            "deterministic_score",
+            "node_coverage",
+            "max_score",
+            "skipped_llm_max_score",
+            "compat",
+            "harness_version",
+        },
+        "node_results": {
+            "sweep_id",
+            "trial_id",
+            "task_id",
+            "agent",
+            "model",
+            "attempt",
+            "node_id",
+            "category",
+            "subcategory",
+            "method",
+            "complexity_tier",
+            "status",
+            "score",
+            "max_score",
+            "duration_ms",
+            "message",
+        },
         "step_results": {"node_id", "step_index", "code", "passed", "error", "duration_ms", "message", "evidence_json"},
         "trajectory_events": {"trial_id", "seq", "ts", "kind", "role", "content", "tool", "tokens_in", "tokens_out"},
         "reference_validations": {"task_id", "run_id", "node_id", "repeats", "passed", "pass_rate", "verdict"},
         "judge_calls": {"trial_id", "judge_model", "prompt_hash", "raw_reply", "score"},
         "env_builds": {"task_id", "image_tag", "cache_hit"},
-        "model_calls": {"trial_id", "model_group", "status", "tokens_in", "tokens_out", "cost_usd", "latency_ms",
-                        "attempts", "error_class"},
+        "model_calls": {
+            "trial_id",
+            "model_group",
+            "status",
+            "tokens_in",
+            "tokens_out",
+            "cost_usd",
+            "latency_ms",
+            "attempts",
+            "error_class",
+        },
         "node_rollups": {"trial_id", "kind", "key", "nodes", "score", "max_score", "passed", "skipped_llm"},
     }
     assert set(S.TABLES) == set(want)
@@ -171,12 +272,26 @@ def test_empty_lake_has_typed_views(tmp_path):
 def test_write_and_query_a_real_trial(lake, real):
     report = real["report"]
     statuses = {n.id: n.status.value for n in report.nodes}
-    assert statuses == {"README_EXISTS": "PASSED", "LICENSE_EXISTS": "FAILED", "NEEDS_LICENSE": "SKIPPED_DEPENDENCY",
-                        "CODE_QUALITY": "PASSED"}
+    assert statuses == {
+        "README_EXISTS": "PASSED",
+        "LICENSE_EXISTS": "FAILED",
+        "NEEDS_LICENSE": "SKIPPED_DEPENDENCY",
+        "CODE_QUALITY": "PASSED",
+    }
     assert real["calls"], "the judge stub was called"
 
-    L.write_sweep(lake, L.sweep_row("sw-1", name="test sweep", config={"agents": ["oracle"], "judge": {"api_key": "sk-LEAK"}},
-                                    tasks=["lake-test"], agents=["oracle"], models=["fake/model"], attempts=1))
+    L.write_sweep(
+        lake,
+        L.sweep_row(
+            "sw-1",
+            name="test sweep",
+            config={"agents": ["oracle"], "judge": {"api_key": "sk-LEAK"}},
+            tasks=["lake-test"],
+            agents=["oracle"],
+            models=["fake/model"],
+            attempts=1,
+        ),
+    )
     commit = L.write_trial(lake, rows_for(real))
     assert commit.rows("node_results") == 4 and commit.rows("trials") == 1
 
@@ -184,8 +299,14 @@ def test_write_and_query_a_real_trial(lake, real):
     trial = con.execute("SELECT * FROM trials").to_arrow_table().to_pylist()
     assert len(trial) == 1
     t = trial[0]
-    assert (t["sweep_id"], t["trial_id"], t["task_id"], t["agent"], t["model"], t["attempt"]) == \
-        ("sw-1", "tr-1", "lake-test", "oracle", "fake/model", 0)
+    assert (t["sweep_id"], t["trial_id"], t["task_id"], t["agent"], t["model"], t["attempt"]) == (
+        "sw-1",
+        "tr-1",
+        "lake-test",
+        "oracle",
+        "fake/model",
+        0,
+    )
     assert t["outcome"] == "completed" and t["valid"] is True
     assert t["task_score"] == pytest.approx(report.summary.task_score)
     assert t["deterministic_score"] == pytest.approx(report.summary.deterministic_score)
@@ -201,8 +322,9 @@ def test_write_and_query_a_real_trial(lake, real):
     assert ("README_EXISTS", 0, "P01", True) in steps and any(s[2] == "P17" for s in steps)
     jc = con.execute("SELECT judge_model, score, rubric_id, tokens_in, raw_reply FROM judge_calls").fetchall()
     assert jc == [("openai/fake", 4.0, "R1", 120, '{"score": 4, "reasoning": "decent; it\'s fine"}')]
-    ev = con.execute("SELECT seq, kind, role, tool, truncated, content_chars, length(content) FROM trajectory_events "
-                     "ORDER BY seq").fetchall()
+    ev = con.execute(
+        "SELECT seq, kind, role, tool, truncated, content_chars, length(content) FROM trajectory_events ORDER BY seq"
+    ).fetchall()
     assert ev[0][:4] == (0, "message", "assistant", None) and ev[1][3] == "write_file"
     assert ev[2][4] is True and ev[2][5] == S.CONTENT_CAP + 10 and ev[2][6] == S.CONTENT_CAP
     assert con.execute("SELECT image_tag, cache_hit FROM env_builds").fetchall() == [("sb/app:abc", True)]
@@ -211,11 +333,15 @@ def test_write_and_query_a_real_trial(lake, real):
     # partitions: one-sweep and one-task layouts
     keys = [f["key"] for f in commit.files]
     assert all(k.split("/")[1:3] == ["sweep_id=sw-1", "task_id=lake-test"] for k in keys)
-    assert con.execute("SELECT unit, trial_id, rows FROM commits WHERE unit = 'trial'").fetchall() == \
-        [("trial", "tr-1", sum(f["rows"] for f in commit.files))]
+    assert con.execute("SELECT unit, trial_id, rows FROM commits WHERE unit = 'trial'").fetchall() == [
+        ("trial", "tr-1", sum(f["rows"] for f in commit.files))
+    ]
     # query() with parameters
-    tbl = L.query(lake, "SELECT count(*) AS n FROM node_results WHERE status = ? AND sweep_id = $1".replace("$1", "?"),
-                  ["PASSED", "sw-1"])
+    tbl = L.query(
+        lake,
+        "SELECT count(*) AS n FROM node_results WHERE status = ? AND sweep_id = $1".replace("$1", "?"),
+        ["PASSED", "sw-1"],
+    )
     assert tbl.to_pylist() == [{"n": 2}]
     assert L.committed_trials(lake, "sw-1") == {"tr-1"} and L.is_committed(lake, "sw-1", "tr-1")
 
@@ -235,25 +361,59 @@ def test_sweep_filter_and_many_trials(lake, real):
 def test_ids_that_look_like_numbers_stay_strings(tmp_path, real):
     store = L.lake_from_uri(str(tmp_path / "lake"))
     L.write_trial(store, rows_for(real, sweep="001", trial="002", task="003", with_traj=False))
-    assert L.query(store, "SELECT sweep_id, trial_id, task_id FROM trials").to_pylist() == \
-        [{"sweep_id": "001", "trial_id": "002", "task_id": "003"}]
+    assert L.query(store, "SELECT sweep_id, trial_id, task_id FROM trials").to_pylist() == [
+        {"sweep_id": "001", "trial_id": "002", "task_id": "003"}
+    ]
 
 
 def test_validation_rows(lake):
     from saasbench.runs.validate import NodeValidation, ValidationReport
 
-    rep = ValidationReport(task_id="lake-test", dag="dag.json", repeats=3, started_at="2026-12-02T09:00:00+00:00",
-                           elapsed_s=1.0, repeat_records=[], flaky=["B"], quarantine=["B"], always_failing=[],
-                           skipped_llm=[], out_dir="/tmp/x", quarantine_path="/tmp/x/q",
-                           nodes=[NodeValidation(id="A", category="C", method="binary", max_score=1,
-                                                 statuses=["PASSED"] * 3, passed=3, counted=3, pass_rate=1.0, verdict="pass"),
-                                  NodeValidation(id="B", category="C", method="binary", max_score=2,
-                                                 statuses=["PASSED", "FAILED", "PASSED"], passed=2, counted=3,
-                                                 pass_rate=2 / 3, verdict="flaky", flaky_cause="own",
-                                                 last_message="it's flaky")])
+    rep = ValidationReport(
+        task_id="lake-test",
+        dag="dag.json",
+        repeats=3,
+        started_at="2026-12-02T09:00:00+00:00",
+        elapsed_s=1.0,
+        repeat_records=[],
+        flaky=["B"],
+        quarantine=["B"],
+        always_failing=[],
+        skipped_llm=[],
+        out_dir="/tmp/x",
+        quarantine_path="/tmp/x/q",
+        nodes=[
+            NodeValidation(
+                id="A",
+                category="C",
+                method="binary",
+                max_score=1,
+                statuses=["PASSED"] * 3,
+                passed=3,
+                counted=3,
+                pass_rate=1.0,
+                verdict="pass",
+            ),
+            NodeValidation(
+                id="B",
+                category="C",
+                method="binary",
+                max_score=2,
+                statuses=["PASSED", "FAILED", "PASSED"],
+                passed=2,
+                counted=3,
+                pass_rate=2 / 3,
+                verdict="flaky",
+                flaky_cause="own",
+                last_message="it's flaky",
+            ),
+        ],
+    )
     L.write_validation(lake, "lake-test", "run-1", L.validation_rows(rep, "run-1"))
     L.write_validation(lake, "lake-test", "run-1", L.validation_rows(rep, "run-1"))
-    got = L.query(lake, "SELECT node_id, repeats, passed, verdict, statuses FROM reference_validations ORDER BY node_id")
+    got = L.query(
+        lake, "SELECT node_id, repeats, passed, verdict, statuses FROM reference_validations ORDER BY node_id"
+    )
     assert got.to_pylist() == [
         {"node_id": "A", "repeats": 3, "passed": 3, "verdict": "pass", "statuses": ["PASSED"] * 3},
         {"node_id": "B", "repeats": 3, "passed": 2, "verdict": "flaky", "statuses": ["PASSED", "FAILED", "PASSED"]},
@@ -275,8 +435,9 @@ def test_write_twice_leaves_one_copy(lake, real):
     assert c3.generation != c1.generation
     after = _counts(lake)
     assert after["trials"] == 1 and after["node_results"] == 4 and after["trajectory_events"] == 0
-    assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == \
-        [{"message": "second run"}]
+    assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == [
+        {"message": "second run"}
+    ]
     parts = [k for k in lake.list("") if k.endswith(".parquet")]
     assert len(parts) == len(c3.files) and set(c3.deleted) == {f["key"] for f in c1.files}
 
@@ -294,6 +455,7 @@ def _crash_at(event: str, nth: int = 1):
             seen["n"] += 1
             if seen["n"] == nth:
                 raise Crash(key)
+
     return hook
 
 
@@ -301,7 +463,7 @@ def test_crash_before_marker_of_a_new_trial_shows_nothing(lake, real):
     with pytest.raises(Crash):
         L.write_trial(lake, rows_for(real), hook=_crash_at("before_marker"))
     assert any(k.endswith(".parquet") for k in lake.list(""))  # the files are there ...
-    assert all(v == 0 for v in _counts(lake).values())       # ... and invisible
+    assert all(v == 0 for v in _counts(lake).values())  # ... and invisible
     assert not L.is_committed(lake, "sw-1", "tr-1")
     # a later complete write cleans the orphans up
     c = L.write_trial(lake, rows_for(real))
@@ -332,11 +494,15 @@ def test_crash_mid_rewrite_keeps_the_old_trial(lake, real, event, nth):
     old = L.query(lake, "SELECT node_id, message FROM node_results ORDER BY node_id").to_pylist()
     old_counts = _counts(lake)
     with pytest.raises(Crash):
-        L.write_trial(lake, rows_for(real, messages={"README_EXISTS": "new"}, with_traj=False), hook=_crash_at(event, nth))
+        L.write_trial(
+            lake, rows_for(real, messages={"README_EXISTS": "new"}, with_traj=False), hook=_crash_at(event, nth)
+        )
     assert L.query(lake, "SELECT node_id, message FROM node_results ORDER BY node_id").to_pylist() == old
     assert _counts(lake) == old_counts
     L.write_trial(lake, rows_for(real, messages={"README_EXISTS": "new"}, with_traj=False))
-    assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == [{"message": "new"}]
+    assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == [
+        {"message": "new"}
+    ]
     assert _counts(lake)["trajectory_events"] == 0
 
 
@@ -370,8 +536,13 @@ def test_sigkill_mid_write_shows_old_or_new_never_partial(lake, real, tmp_path, 
     payload.write_bytes(pickle.dumps(new_rows))
     script = tmp_path / "writer.py"
     script.write_text(WRITER_SCRIPT)
-    proc = subprocess.Popen([sys.executable, str(script), str(payload), str(stop_at), lake.uri, endpoint], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(payload), str(stop_at), lake.uri, endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("PAUSED"), (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -386,21 +557,27 @@ def test_sigkill_mid_write_shows_old_or_new_never_partial(lake, real, tmp_path, 
     assert proc.returncode == -signal.SIGKILL
     assert (_counts(lake), L.query(lake, "SELECT node_id, message FROM node_results ORDER BY 1").to_pylist()) == old
     L.write_trial(lake, new_rows)
-    assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == [{"message": "new"}]
+    assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == [
+        {"message": "new"}
+    ]
 
 
 # --- hostile strings ---------------------------------------------------------------------------------
 def test_hostile_messages_round_trip_as_data(lake, real):
     node_ids = [n.id for n in real["report"].nodes]
-    hostile = HOSTILE[:len(node_ids)]
+    hostile = HOSTILE[: len(node_ids)]
     L.write_trial(lake, rows_for(real, messages=dict(zip(node_ids, hostile))))
     big = HOSTILE[-1]
     L.write_trial(lake, rows_for(real, trial="tr-big", messages={node_ids[0]: big}))
     con = L.connect(lake)
     got = dict(con.execute("SELECT node_id, message FROM node_results WHERE trial_id = 'tr-1'").fetchall())
     assert [got[i] for i in node_ids] == hostile
-    assert con.execute("SELECT message FROM node_results WHERE trial_id = 'tr-big' AND node_id = ?",
-                       [node_ids[0]]).fetchone()[0] == big
+    assert (
+        con.execute(
+            "SELECT message FROM node_results WHERE trial_id = 'tr-big' AND node_id = ?", [node_ids[0]]
+        ).fetchone()[0]
+        == big
+    )
     for h in hostile:  # as a bound parameter it is a value, never SQL
         assert con.execute("SELECT count(*) FROM node_results WHERE message = ?", [h]).fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM trials").fetchone()[0] == 2  # nothing was dropped
@@ -408,12 +585,26 @@ def test_hostile_messages_round_trip_as_data(lake, real):
 
 def test_hostile_strings_in_every_text_column(tmp_path):
     store = L.lake_from_uri(str(tmp_path / "lake"))
-    info = L.TrialInfo(sweep_id="s", trial_id="t", task_id="k", agent=HOSTILE[1], model=HOSTILE[3],
-                       outcome="agent_error", outcome_detail=HOSTILE[2], app_error=HOSTILE[0])
+    info = L.TrialInfo(
+        sweep_id="s",
+        trial_id="t",
+        task_id="k",
+        agent=HOSTILE[1],
+        model=HOSTILE[3],
+        outcome="agent_error",
+        outcome_detail=HOSTILE[2],
+        app_error=HOSTILE[0],
+    )
     L.write_trial(store, L.trial_rows(info, None))
     row = L.query(store, "SELECT agent, model, outcome, outcome_detail, app_error, valid FROM trials").to_pylist()[0]
-    assert row == {"agent": HOSTILE[1], "model": HOSTILE[3], "outcome": "agent_error", "outcome_detail": HOSTILE[2],
-                   "app_error": HOSTILE[0], "valid": True}
+    assert row == {
+        "agent": HOSTILE[1],
+        "model": HOSTILE[3],
+        "outcome": "agent_error",
+        "outcome_detail": HOSTILE[2],
+        "app_error": HOSTILE[0],
+        "valid": True,
+    }
 
 
 # --- validation of input ----------------------------------------------------------------------------
@@ -438,15 +629,31 @@ def test_from_trial_result(tmp_path, real):
     from saasbench.catalog.tasks import TaskSpec
     from saasbench.runs.trial import TrialResult
 
-    tr = TrialResult(agent="oracle", report=real["report"], trajectory=real["trajectory"], app_ok=False,
-                     app_error="port busy", app_log_tail="", workspace=str(tmp_path))
+    tr = TrialResult(
+        agent="oracle",
+        report=real["report"],
+        trajectory=real["trajectory"],
+        app_ok=False,
+        app_error="port busy",
+        app_log_tail="",
+        workspace=str(tmp_path),
+    )
     spec = TaskSpec(id="lake-test", category="backend", domain="PC", complexity_tier="T1")
     rows = L.from_trial_result(tr, sweep_id="s", trial_id="t", task=spec, attempt=2, judge_calls=real["calls"])
     store = L.lake_from_uri(str(tmp_path / "lake"))
     L.write_trial(store, rows)
-    row = L.query(store, "SELECT domain, attempt, model, app_ok, app_error, exit_reason, agent_version FROM trials").to_pylist()[0]
-    assert row == {"domain": "PC", "attempt": 2, "model": "fake/model", "app_ok": False, "app_error": "port busy",
-                   "exit_reason": "completed", "agent_version": "1.2"}
+    row = L.query(
+        store, "SELECT domain, attempt, model, app_ok, app_error, exit_reason, agent_version FROM trials"
+    ).to_pylist()[0]
+    assert row == {
+        "domain": "PC",
+        "attempt": 2,
+        "model": "fake/model",
+        "app_ok": False,
+        "app_error": "port busy",
+        "exit_reason": "completed",
+        "agent_version": "1.2",
+    }
 
 
 # --- CLI, URIs, secrets ------------------------------------------------------------------------------
@@ -454,12 +661,18 @@ def test_query_cmd_formats(tmp_path, real, capsys, monkeypatch):
     import io
 
     path = str(tmp_path / "lake")
-    L.write_trial(path, rows_for(real, messages={"README_EXISTS": "a,b \"c\" [red]x[/red]"}))
+    L.write_trial(path, rows_for(real, messages={"README_EXISTS": 'a,b "c" [red]x[/red]'}))
     out = io.StringIO()
-    assert L.query_cmd("SELECT node_id, message FROM node_results WHERE node_id = 'README_EXISTS'", path, "json", out=out) == 0
-    assert json.loads(out.getvalue()) == [{"node_id": "README_EXISTS", "message": "a,b \"c\" [red]x[/red]"}]
+    assert (
+        L.query_cmd("SELECT node_id, message FROM node_results WHERE node_id = 'README_EXISTS'", path, "json", out=out)
+        == 0
+    )
+    assert json.loads(out.getvalue()) == [{"node_id": "README_EXISTS", "message": 'a,b "c" [red]x[/red]'}]
     out = io.StringIO()
-    assert L.query_cmd("SELECT node_id, message FROM node_results WHERE node_id = 'README_EXISTS'", path, "csv", out=out) == 0
+    assert (
+        L.query_cmd("SELECT node_id, message FROM node_results WHERE node_id = 'README_EXISTS'", path, "csv", out=out)
+        == 0
+    )
     assert out.getvalue() == 'node_id,message\nREADME_EXISTS,"a,b ""c"" [red]x[/red]"\n'
     out = io.StringIO()
     assert L.query_cmd("SELECT node_id, message FROM node_results ORDER BY 1", path, "table", out=out) == 0
@@ -498,14 +711,26 @@ def test_secrets_stay_out_of_the_lake(s3_server, real, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     store = L.lake_from_uri(s3_server.uri("secrets"), endpoint_url=s3_server.endpoint_url)
     assert secret not in repr(store) and secret not in store.uri
-    L.write_sweep(store, L.sweep_row("s", config={"judge": {"api_key": secret, "api_key_env": "JUDGE_KEY"},
-                                                  "db": {"password": secret}, "note": "ok",
-                                                  "url": f"postgresql://bench:{secret}@db:5432/x"}))
+    L.write_sweep(
+        store,
+        L.sweep_row(
+            "s",
+            config={
+                "judge": {"api_key": secret, "api_key_env": "JUDGE_KEY"},
+                "db": {"password": secret},
+                "note": "ok",
+                "url": f"postgresql://bench:{secret}@db:5432/x",
+            },
+        ),
+    )
     L.write_trial(store, rows_for(real, sweep="s"))
     con = L.connect(store)
-    assert json.loads(con.execute("SELECT config_json FROM sweeps").fetchone()[0]) == \
-        {"judge": {"api_key": "***", "api_key_env": "JUDGE_KEY"}, "db": {"password": "***"}, "note": "ok",
-         "url": "postgresql://bench:***@db:5432/x"}
+    assert json.loads(con.execute("SELECT config_json FROM sweeps").fetchone()[0]) == {
+        "judge": {"api_key": "***", "api_key_env": "JUDGE_KEY"},
+        "db": {"password": "***"},
+        "note": "ok",
+        "url": "postgresql://bench:***@db:5432/x",
+    }
     for key in store.list(""):
         assert secret.encode() not in store.get(key), key
     secrets = con.execute("SELECT * FROM duckdb_secrets()").to_arrow_table().to_pylist()
@@ -525,9 +750,11 @@ def test_gateway_metered_usage_wins_over_the_agents_own(tmp_path, real):
     """With model_calls (the gateway's meter), the trial row's tokens and cost are their sums; the
     agent's own figures (a list-price estimate for Claude behind a proxy) are not trusted."""
     info = L.TrialInfo(sweep_id="sg", trial_id="t", task_id="lake-test", agent="claude-code", model="m")
-    calls = [{"status": "success", "prompt_tokens": 100, "completion_tokens": 10, "cost_usd": 0.25},
-             {"status": "failure", "prompt_tokens": None, "completion_tokens": None, "cost_usd": None},
-             {"status": "success", "prompt_tokens": 50, "completion_tokens": 5, "cost_usd": 0.5}]
+    calls = [
+        {"status": "success", "prompt_tokens": 100, "completion_tokens": 10, "cost_usd": 0.25},
+        {"status": "failure", "prompt_tokens": None, "completion_tokens": None, "cost_usd": None},
+        {"status": "success", "prompt_tokens": 50, "completion_tokens": 5, "cost_usd": 0.5},
+    ]
     rows = L.trial_rows(info, real["report"], trajectory=real["trajectory"], model_calls=calls)
     trial = rows.tables["trials"][0]
     assert (trial["tokens_in"], trial["tokens_out"], trial["cost_usd"]) == (150, 15, 0.75)

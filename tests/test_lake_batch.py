@@ -47,8 +47,17 @@ def seed(store: L.Store, real: dict, sweeps=("s1", "s2"), n: int = 3) -> None:
     for sw in sweeps:
         L.write_sweep(store, L.sweep_row(sw, config={"k": sw}, tasks=["task0", "task1"], agents=["oracle"]))
         for i in range(n):
-            L.write_trial(store, rows_for(real, sweep=sw, trial=f"t{i}", task=f"task{i % 2}",
-                                          messages={"README_EXISTS": f"{sw}/t{i}"}, with_traj=i == 0))
+            L.write_trial(
+                store,
+                rows_for(
+                    real,
+                    sweep=sw,
+                    trial=f"t{i}",
+                    task=f"task{i % 2}",
+                    messages={"README_EXISTS": f"{sw}/t{i}"},
+                    with_traj=i == 0,
+                ),
+            )
 
 
 def test_write_batch_commits_many_trials_in_few_files(lake, real):
@@ -90,8 +99,12 @@ def test_write_batch_rejects_bad_rows(tmp_path, real):
 
 def test_compact_keeps_every_row_and_removes_small_files(lake, real):
     seed(lake, real)
-    L.write_validation(lake, "task0", "run-1", [{"task_id": "task0", "run_id": "run-1", "node_id": "N1",
-                                                 "repeats": 3, "passed": 3, "verdict": "stable"}])
+    L.write_validation(
+        lake,
+        "task0",
+        "run-1",
+        [{"task_id": "task0", "run_id": "run-1", "node_id": "N1", "repeats": 3, "passed": 3, "verdict": "stable"}],
+    )
     before, before_s1 = everything(lake), everything(lake, "s1")
     n_markers = len(markers(lake))
     res = compact(lake)
@@ -116,8 +129,9 @@ def test_report_is_the_same_after_compaction(tmp_path, real):
 def test_trial_rewritten_after_compaction_wins_then_folds_in(lake, real):
     seed(lake, real)
     compact(lake)
-    L.write_trial(lake, rows_for(real, sweep="s1", trial="t1", task="task1", messages={"README_EXISTS": "rerun"},
-                                 with_traj=False))
+    L.write_trial(
+        lake, rows_for(real, sweep="s1", trial="t1", task="task1", messages={"README_EXISTS": "rerun"}, with_traj=False)
+    )
     q = "SELECT message FROM node_results WHERE sweep_id = 's1' AND trial_id = 't1' AND node_id = 'README_EXISTS'"
     assert L.query(lake, q).to_pylist() == [{"message": "rerun"}]
     assert L.query(lake, q, sweep_id="s1").to_pylist() == [{"message": "rerun"}]
@@ -166,7 +180,9 @@ def test_merge_batches_keeps_the_largest_and_merges_the_rest(lake, real):
     before, report = everything(lake), sweep_report(lake, ["big", *small]).model_dump()
     assert len(_batches(lake)) == 6
     assert merge_batches(lake, max_batches=6).batch is None  # at the limit: nothing to do
-    sizes = {m["marker"]: sum(f["rows"] for f in m["files"]) for m in L.list_commits(lake) if m["marker"] in _batches(lake)}
+    sizes = {
+        m["marker"]: sum(f["rows"] for f in m["files"]) for m in L.list_commits(lake) if m["marker"] in _batches(lake)
+    }
     largest = max(sizes, key=sizes.get)
     res = merge_batches(lake, max_batches=3)
     assert res.units == 5 * 2 and len(res.markers_deleted) == 5  # five sweep rows, five trials; five old batches
@@ -179,8 +195,9 @@ def test_merge_batches_keeps_newer_trial_writes(lake, real):
     seed(lake, real, sweeps=("s1", "s2", "s3"), n=2)
     for sw in ("s1", "s2", "s3"):
         compact(lake, sweep_id=sw)
-    L.write_trial(lake, rows_for(real, sweep="s1", trial="t1", task="task1", messages={"README_EXISTS": "rerun"},
-                                 with_traj=False))
+    L.write_trial(
+        lake, rows_for(real, sweep="s1", trial="t1", task="task1", messages={"README_EXISTS": "rerun"}, with_traj=False)
+    )
     before = everything(lake)
     res = merge_batches(lake, max_batches=2)
     assert res.batch is not None and everything(lake) == before
@@ -244,7 +261,8 @@ def test_crash_anywhere_in_compaction_loses_and_duplicates_nothing(lake, real, e
     assert everything(lake) == before and len(markers(lake)) == 1
     L.vacuum(lake, older_than_s=0)
     assert sorted(k for k in lake.list("") if k.endswith(".parquet")) == sorted(
-        f["key"] for f in L.list_commits(lake)[0]["files"])
+        f["key"] for f in L.list_commits(lake)[0]["files"]
+    )
 
 
 def test_trial_written_while_compacting_is_kept(lake, real):
@@ -284,8 +302,14 @@ def test_sigkill_during_compaction(lake, real, tmp_path, stage):
     script = tmp_path / "compactor.py"
     script.write_text(COMPACT_SCRIPT)
     endpoint = "" if isinstance(lake, LocalStore) else lake.endpoint_url
-    proc = subprocess.run([sys.executable, str(script), stage, lake.uri, endpoint], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120, env={**os.environ})
+    proc = subprocess.run(
+        [sys.executable, str(script), stage, lake.uri, endpoint],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ},
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert proc.stdout.startswith("AT " + stage)
     assert everything(lake) == before
@@ -312,13 +336,16 @@ def test_files_of_an_older_schema_version_read_with_nulls(lake, real):
     lake.put(f["key"], buf.getvalue())
     marker["schema_version"] = 0
     lake.put(key, json.dumps(marker).encode())
-    rows = {r["trial_id"]: r for r in L.query(lake, "SELECT trial_id, cost_usd, tokens_in, agent FROM trials").to_pylist()}
+    rows = {
+        r["trial_id"]: r for r in L.query(lake, "SELECT trial_id, cost_usd, tokens_in, agent FROM trials").to_pylist()
+    }
     assert rows["old"]["cost_usd"] is None and rows["new"]["cost_usd"] == pytest.approx(0.0123)
     assert rows["old"]["tokens_in"] == rows["new"]["tokens_in"] == 1000 and rows["old"]["agent"] == "oracle"
     compact(lake)  # compaction rewrites it in the current schema
     assert L.list_commits(lake)[0]["schema_version"] == S.SCHEMA_VERSION
-    assert {r["trial_id"]: r["cost_usd"] for r in L.query(lake, "SELECT trial_id, cost_usd FROM trials").to_pylist()} \
-        == {"old": None, "new": pytest.approx(0.0123)}
+    assert {
+        r["trial_id"]: r["cost_usd"] for r in L.query(lake, "SELECT trial_id, cost_usd FROM trials").to_pylist()
+    } == {"old": None, "new": pytest.approx(0.0123)}
 
 
 def test_cli_lake_compact_and_report(tmp_path, real):

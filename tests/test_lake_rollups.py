@@ -26,9 +26,22 @@ from saasbench.reports import aggregate
 
 
 def _node(i: int, **kw):
-    row = {"sweep_id": "s", "trial_id": "t", "task_id": "k", "agent": "a", "model": "m", "attempt": 0,
-           "node_id": f"n{i}", "node_index": i, "category": "RBAC", "method": "weighted", "complexity_tier": "linear_crud",
-           "status": "PASSED", "score": 1.0, "max_score": 1.0}
+    row = {
+        "sweep_id": "s",
+        "trial_id": "t",
+        "task_id": "k",
+        "agent": "a",
+        "model": "m",
+        "attempt": 0,
+        "node_id": f"n{i}",
+        "node_index": i,
+        "category": "RBAC",
+        "method": "weighted",
+        "complexity_tier": "linear_crud",
+        "status": "PASSED",
+        "score": 1.0,
+        "max_score": 1.0,
+    }
     row.update(kw)
     return row
 
@@ -42,20 +55,34 @@ def test_rollup_rows_by_hand() -> None:
         _node(0, score=2.0, max_score=4.0),
         _node(1, status="FAILED", score=0.0, max_score=3.0, category=None),
         _node(2, status="SKIPPED_LLM", score=None, max_score=5.0, method="llm-judge", complexity_tier=None),
-        _node(3, status=None, score=None, max_score=None, category="Deployment"),       # missing status: ERROR
-        _node(4, status="", score=0.5, max_score=1.0, method="llm-judge"),              # empty status: ERROR
-        _node(5, status="QUARANTINED", score=9.0, max_score=9.0),                       # excluded: adds 0
+        _node(3, status=None, score=None, max_score=None, category="Deployment"),  # missing status: ERROR
+        _node(4, status="", score=0.5, max_score=1.0, method="llm-judge"),  # empty status: ERROR
+        _node(5, status="QUARANTINED", score=9.0, max_score=9.0),  # excluded: adds 0
         _node(6, status="BOGUS", score=1.0, max_score=1.0, trial_id="u"),
     ]
     tbl = lake_writer.to_table("node_results", nodes)
     got = {(r["trial_id"], r["kind"], r["key"]): r for r in node_rollups(tbl).to_pylist()}
-    assert set(got) == {("t", "trial", ""), ("t", "category", "RBAC"), ("t", "category", ""),
-                        ("t", "category", "Deployment"), ("t", "tier", "linear_crud"),
-                        ("u", "trial", ""), ("u", "category", "RBAC"), ("u", "tier", "linear_crud")}
+    assert set(got) == {
+        ("t", "trial", ""),
+        ("t", "category", "RBAC"),
+        ("t", "category", ""),
+        ("t", "category", "Deployment"),
+        ("t", "tier", "linear_crud"),
+        ("u", "trial", ""),
+        ("u", "category", "RBAC"),
+        ("u", "tier", "linear_crud"),
+    }
     t = got[("t", "trial", "")]
     assert (t["nodes"], t["score"], t["max_score"]) == (6, 2.5, 8.0)
     assert (t["det_score"], t["det_max_score"], t["skipped_llm_max_score"]) == (2.0, 7.0, 5.0)
-    assert (t["passed"], t["failed"], t["error"], t["skipped_llm"], t["quarantined"], t["other_status"]) == (1, 1, 2, 1, 1, 0)
+    assert (t["passed"], t["failed"], t["error"], t["skipped_llm"], t["quarantined"], t["other_status"]) == (
+        1,
+        1,
+        2,
+        1,
+        1,
+        0,
+    )
     rbac = got[("t", "category", "RBAC")]
     assert (rbac["nodes"], rbac["score"], rbac["max_score"], rbac["error"]) == (4, 2.5, 5.0, 1)
     assert got[("t", "category", "")]["max_score"] == 3.0
@@ -76,12 +103,13 @@ def test_rollup_sums_add_in_node_order() -> None:
 def test_round2_equals_python_round() -> None:
     rng = random.Random(7)
     xs = [rng.uniform(0, 100) for _ in range(20_000)]
-    xs += [k / 1000 for k in range(0, 100_001, 5)]          # ties in decimal, not in binary
+    xs += [k / 1000 for k in range(0, 100_001, 5)]  # ties in decimal, not in binary
     xs += [100 * (0.1 + 0.2) / 240, 100 * 0.3 / 240, 2.675, 1.005, 0.125, 0.375]
     assert aggregate.round2(pa.array(xs, pa.float64())).to_pylist() == [round(x, 2) for x in xs]
     ties = [0.005, 0.015, 2.675, 1.005]
-    assert aggregate.round2(pa.chunked_array([xs[:10], ties], pa.float64())).to_pylist() == \
-        [round(x, 2) for x in xs[:10] + ties]
+    assert aggregate.round2(pa.chunked_array([xs[:10], ties], pa.float64())).to_pylist() == [
+        round(x, 2) for x in xs[:10] + ties
+    ]
 
 
 def test_writers_derive_rollups_and_refuse_them(tmp_path: Path) -> None:
@@ -96,7 +124,9 @@ def test_writers_derive_rollups_and_refuse_them(tmp_path: Path) -> None:
     b = write_batch(uri, {"node_results": [_node(0, trial_id="t3"), _node(0, trial_id="t4", sweep_id="s2")]})
     assert b.rows("node_rollups") == 6
     con = connect(uri)
-    assert con.execute("SELECT count(*), count(DISTINCT trial_id) FROM node_rollups WHERE kind = 'trial'").fetchone() == (3, 3)
+    assert con.execute(
+        "SELECT count(*), count(DISTINCT trial_id) FROM node_rollups WHERE kind = 'trial'"
+    ).fetchone() == (3, 3)
     assert snapshot(lake_writer.lake_from_uri(uri)).rollups_missing == set()
 
 
@@ -117,8 +147,9 @@ def test_report_over_stored_rollups_equals_reference(lake) -> None:  # noqa: F81
         for threshold in (100.0, 40.0):
             fast = aggregate._sql_report(con, sweeps, threshold)
             assert fast is not None
-            _assert_same(fast.model_dump(),
-                         aggregate.sweep_report_reference(con, sweeps, pass_threshold=threshold).model_dump())
+            _assert_same(
+                fast.model_dump(), aggregate.sweep_report_reference(con, sweeps, pass_threshold=threshold).model_dump()
+            )
     assert fast.orphan_node_rows == 3 and fast.node_issues
 
 
@@ -129,14 +160,28 @@ def test_lake_without_rollups_reports_the_same_and_compact_adds_them(tmp_path: P
     with monkeypatch.context() as m:  # the writer as it was before rollups existed
         m.setattr(lake_writer, "with_derived", lambda tables: dict(tables))
         m.setattr("saasbench.lake.batch.with_derived", lambda tables: dict(tables))
-        write_batch(old, {"trials": [t for t in trials if t["sweep_id"] == "s1"],
-                          "node_results": [n for n in nodes if n["sweep_id"] == "s1"]})
+        write_batch(
+            old,
+            {
+                "trials": [t for t in trials if t["sweep_id"] == "s1"],
+                "node_results": [n for n in nodes if n["sweep_id"] == "s1"],
+            },
+        )
         s2 = {n["trial_id"]: n["task_id"] for n in nodes if n["sweep_id"] == "s2"}  # orphan node rows too
         s2.update({t["trial_id"]: t["task_id"] for t in trials if t["sweep_id"] == "s2"})
         for trial_id, task_id in s2.items():
-            write_trial(old, TrialRows("s2", trial_id, task_id, {
-                "trials": [t for t in trials if t["trial_id"] == trial_id],
-                "node_results": [n for n in nodes if n["trial_id"] == trial_id and n["sweep_id"] == "s2"]}))
+            write_trial(
+                old,
+                TrialRows(
+                    "s2",
+                    trial_id,
+                    task_id,
+                    {
+                        "trials": [t for t in trials if t["trial_id"] == trial_id],
+                        "node_results": [n for n in nodes if n["trial_id"] == trial_id and n["sweep_id"] == "s2"],
+                    },
+                ),
+            )
     store = lake_writer.lake_from_uri(old)
     assert snapshot(store).rollups_missing == {"s1", "s2"}
     assert connect(old).execute("SELECT count(*) FROM node_rollups").fetchone()[0] == 0
@@ -144,8 +189,15 @@ def test_lake_without_rollups_reports_the_same_and_compact_adds_them(tmp_path: P
     _assert_same(aggregate.sweep_report(old, ["s1", "s2"]).model_dump(), want.model_dump())
     # one sweep rewritten by today's writer: the other is still rolled up at read time
     t = next(t for t in trials if t["sweep_id"] == "s2" and any(n["trial_id"] == t["trial_id"] for n in nodes))
-    write_trial(old, TrialRows("s2", t["trial_id"], t["task_id"], {
-        "trials": [t], "node_results": [n for n in nodes if n["trial_id"] == t["trial_id"]]}))
+    write_trial(
+        old,
+        TrialRows(
+            "s2",
+            t["trial_id"],
+            t["task_id"],
+            {"trials": [t], "node_results": [n for n in nodes if n["trial_id"] == t["trial_id"]]},
+        ),
+    )
     assert snapshot(store).rollups_missing == {"s1", "s2"}  # s2's other trials still lack them
     compact(old, sweep_id="s2")
     assert snapshot(store).rollups_missing == {"s1"}
@@ -153,8 +205,11 @@ def test_lake_without_rollups_reports_the_same_and_compact_adds_them(tmp_path: P
     compact(old)
     assert snapshot(store).rollups_missing == set()
     con = connect(old)
-    assert con.execute("SELECT count(*) FROM node_rollups").fetchone()[0] == \
-        connect(new).execute("SELECT count(*) FROM node_rollups").fetchone()[0] > 0
+    assert (
+        con.execute("SELECT count(*) FROM node_rollups").fetchone()[0]
+        == connect(new).execute("SELECT count(*) FROM node_rollups").fetchone()[0]
+        > 0
+    )
     _assert_same(aggregate.sweep_report(old, ["s1", "s2"]).model_dump(), want.model_dump())
 
 
@@ -176,14 +231,38 @@ def test_report_reads_node_rows_only_for_the_failures_it_lists(tmp_path: Path) -
     """With rollups stored, the report reads no node rows when every node passed, and only the
     failing trials' node rows otherwise."""
     uri = str(tmp_path / "lake")
-    trials = [{"sweep_id": "s", "trial_id": f"t{i}", "task_id": f"k{i % 3}", "agent": "a", "model": "m", "attempt": i // 3,
-               "domain": "CF", "outcome": "completed"} for i in range(9)]
-    nodes = [_node(j, trial_id=f"t{i}", task_id=f"k{i % 3}", attempt=i // 3, score=0.1 * (j + 1), max_score=1.0,
-                   category=["RBAC", "Deployment"][j % 2]) for i in range(9) for j in range(5)]
+    trials = [
+        {
+            "sweep_id": "s",
+            "trial_id": f"t{i}",
+            "task_id": f"k{i % 3}",
+            "agent": "a",
+            "model": "m",
+            "attempt": i // 3,
+            "domain": "CF",
+            "outcome": "completed",
+        }
+        for i in range(9)
+    ]
+    nodes = [
+        _node(
+            j,
+            trial_id=f"t{i}",
+            task_id=f"k{i % 3}",
+            attempt=i // 3,
+            score=0.1 * (j + 1),
+            max_score=1.0,
+            category=["RBAC", "Deployment"][j % 2],
+        )
+        for i in range(9)
+        for j in range(5)
+    ]
     write_batch(uri, {"trials": trials, "node_results": nodes})
     con = _Recording(connect(uri))
     got = aggregate.sweep_report(con, ["s"])
-    assert got.node_issues == [] and got.configs[0].all.pass_at_1 == round(100 * sum(0.1 * (j + 1) for j in range(5)) / 5, 2)
+    assert got.node_issues == [] and got.configs[0].all.pass_at_1 == round(
+        100 * sum(0.1 * (j + 1) for j in range(5)) / 5, 2
+    )
     assert not [q for q in con.sql if "node_results" in q]
     assert got == aggregate.sweep_report_reference(uri, ["s"])
 
@@ -199,8 +278,13 @@ def test_report_reads_node_rows_only_for_the_failures_it_lists(tmp_path: Path) -
 
 def test_connect_builds_only_the_views_asked_for(tmp_path: Path) -> None:
     uri = str(tmp_path / "lake")
-    write_batch(uri, {"trials": [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "outcome": "completed"}],
-                      "node_results": [_node(0)]})
+    write_batch(
+        uri,
+        {
+            "trials": [{"sweep_id": "s", "trial_id": "t", "task_id": "k", "outcome": "completed"}],
+            "node_results": [_node(0)],
+        },
+    )
     con = connect(uri, tables=aggregate.REPORT_TABLES)
     assert con.execute("SELECT count(*) FROM node_rollups").fetchone() == (3,)
     with pytest.raises(Exception, match="sweeps"):

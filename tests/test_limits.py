@@ -31,8 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def clean_limits(monkeypatch):
-    for var in ("SAASBENCH_ENVS_PER_HOST", "SAASBENCH_LLM_CALLS_PER_PROVIDER", "SAASBENCH_LIMITS",
-                "SAASBENCH_HOST_NAME"):
+    for var in (
+        "SAASBENCH_ENVS_PER_HOST",
+        "SAASBENCH_LLM_CALLS_PER_PROVIDER",
+        "SAASBENCH_LIMITS",
+        "SAASBENCH_HOST_NAME",
+    ):
         monkeypatch.delenv(var, raising=False)
     limits.reset()
     yield
@@ -92,9 +96,16 @@ def fake_trial(overlap: Overlap, during=None):
 
 
 def spec_for(tmp_path: Path, sweep_id: str, **kw) -> dict:
-    data = {"sweep_id": sweep_id, "tasks": ["timetrack"], "agents": ["oracle", "nop"], "attempts": 2,
-            "lake": str(tmp_path / "lake"), "report_dir": str(tmp_path / "reports"), "retry_delays": [0],
-            "concurrency": 4}
+    data = {
+        "sweep_id": sweep_id,
+        "tasks": ["timetrack"],
+        "agents": ["oracle", "nop"],
+        "attempts": 2,
+        "lake": str(tmp_path / "lake"),
+        "report_dir": str(tmp_path / "reports"),
+        "retry_delays": [0],
+        "concurrency": 4,
+    }
     data.update(kw)
     return data
 
@@ -183,8 +194,10 @@ def test_judge_calls_are_limited_per_provider():
 
     def completion(**kw):
         (ov if kw["model"].startswith("openai/") else other).run()
-        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content='{"score": 1}'))],
-                               usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1))
+        return SimpleNamespace(
+            choices=[SimpleNamespace(message=SimpleNamespace(content='{"score": 1}'))],
+            usage=SimpleNamespace(prompt_tokens=1, completion_tokens=1),
+        )
 
     verdicts = []
 
@@ -226,8 +239,9 @@ def test_sweep_cmd_limit_options(tmp_path, monkeypatch):
     spec = tmp_path / "s.yaml"
     spec.write_text(f"tasks: [timetrack]\nagents: [oracle, nop]\nreport_dir: {tmp_path / 'rep'}\n")
     base = ["sweep", str(spec), "--lake", str(tmp_path / "lake"), "--concurrency", "2"]
-    res = CliRunner().invoke(app, base + ["--sweep-id", "cli-lim", "--no-prefect", "--envs-per-host", "1",
-                                          "--llm-calls", "openai=2,*=1"])
+    res = CliRunner().invoke(
+        app, base + ["--sweep-id", "cli-lim", "--no-prefect", "--envs-per-host", "1", "--llm-calls", "openai=2,*=1"]
+    )
     assert res.exit_code == 0, res.output
     assert "ran 2 trial(s) now" in res.output and ov.entries == 2 and ov.max_active == 1
     assert limits.current() == limits.LimitConfig(envs_per_host=1, llm_calls={"openai": 2, "*": 1})
@@ -252,7 +266,9 @@ limits.configure(envs_per_host=1, llm_calls_per_provider=2)
 with limits.environment_slot() as a, limits.llm_slot("openai") as b:
     print(a, b, "prefect" in sys.modules)
 """
-    res = subprocess.run([sys.executable, "-c", script], cwd=str(REPO), capture_output=True, text=True, check=False, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", script], cwd=str(REPO), capture_output=True, text=True, check=False, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["local", "local", "False"]
 
@@ -279,8 +295,9 @@ def test_prefect_env_limit_one_serialises_trials(harness, tmp_path, monkeypatch)
     name = limits.env_limit_name()
     seen_active: list[int] = []
     ov = Overlap(wait_for_other(1.0))
-    monkeypatch.setattr(sw, "run_local_trial",
-                        fake_trial(ov, during=lambda: seen_active.append(server_limit(name).active_slots)))
+    monkeypatch.setattr(
+        sw, "run_local_trial", fake_trial(ov, during=lambda: seen_active.append(server_limit(name).active_slots))
+    )
     res = sweep_flow(spec_for(tmp_path, "lim-prefect-1", envs_per_host=1))
     assert set(res["outcomes"].values()) == {"agent_error"} and len(res["outcomes"]) == 4
     assert ov.entries == 4 and ov.max_active == 1
@@ -288,8 +305,9 @@ def test_prefect_env_limit_one_serialises_trials(harness, tmp_path, monkeypatch)
     assert seen_active == [1, 1, 1, 1]
     lim = server_limit(name)
     assert lim.limit == 1 and lim.active and lim.active_slots == 0
-    assert lakelib.committed_trials(str(tmp_path / "lake"), "lim-prefect-1") == {t.trial_id for t in sw.plan(
-        sw.SweepSpec.model_validate(spec_for(tmp_path, "lim-prefect-1")))}
+    assert lakelib.committed_trials(str(tmp_path / "lake"), "lim-prefect-1") == {
+        t.trial_id for t in sw.plan(sw.SweepSpec.model_validate(spec_for(tmp_path, "lim-prefect-1")))
+    }
 
 
 def test_prefect_env_limit_two_overlaps(harness, tmp_path, monkeypatch):

@@ -37,10 +37,24 @@ def p07(document: Any, *assertions: dict[str, Any]) -> StepResult:
     return run(doc_ctx(document), "P07", {"assertions": list(assertions)})
 
 
-def response(path: str = "/x", status: int = 200, text: str = "{}", body: Any = None, method: str = "GET",
-             headers: dict[str, str] | None = None) -> HttpResponse:
-    return HttpResponse(method=method, url=f"http://app.test{path}", status=status, headers=headers or {"content-type": "application/json"},
-                        text=text, body=body if body is not None else text, is_json=body is not None, elapsed_ms=1.0)
+def response(
+    path: str = "/x",
+    status: int = 200,
+    text: str = "{}",
+    body: Any = None,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+) -> HttpResponse:
+    return HttpResponse(
+        method=method,
+        url=f"http://app.test{path}",
+        status=status,
+        headers=headers or {"content-type": "application/json"},
+        text=text,
+        body=body if body is not None else text,
+        is_json=body is not None,
+        elapsed_ms=1.0,
+    )
 
 
 # --- P07: store_as (cvyocaao operator, dfhjkeb/iyjruvfz/rjhcjrst key) ----------------------------------
@@ -48,7 +62,9 @@ CVYOCAAO_STORE = {"path": "$.access_token", "operator": "store_as", "key": "sa_a
 
 
 def test_p07_operator_store_as_loads_as_op_store() -> None:
-    clean("P07", {"assertions": [CVYOCAAO_STORE]}, "operator 'store_as' with key -> op store, save_as 'sa_access_token'")
+    clean(
+        "P07", {"assertions": [CVYOCAAO_STORE]}, "operator 'store_as' with key -> op store, save_as 'sa_access_token'"
+    )
     model = REGISTRY.spec("P07").inputs.model_validate({"assertions": [CVYOCAAO_STORE]})
     assert (model.assertions[0].op, model.assertions[0].save_as) == ("store", "sa_access_token")
 
@@ -75,7 +91,11 @@ def test_defects_load_with_a_warning_and_make_the_node_error() -> None:
     defects = [  # (code, inputs, warning fragment): steps that cannot mean anything
         ("P07", {"assertions": [{"path": "$.id", "operator": "store_as"}]}, "names no 'key' to store the value under"),
         ("P07", {"assertions": [{"path": [1, 2]}]}, "is a list holding no path string"),
-        ("P02", {"path": "package.json", "patterns": [{"all_of": ["x"]}]}, "each entry is a string or {any_of: [strings]}"),
+        (
+            "P02",
+            {"path": "package.json", "patterns": [{"all_of": ["x"]}]},
+            "each entry is a string or {any_of: [strings]}",
+        ),
         ("P02", {"path": "package.json"}, "the step searches for nothing"),
     ]
     for code, inputs, fragment in defects:
@@ -86,8 +106,10 @@ def test_defects_load_with_a_warning_and_make_the_node_error() -> None:
         assert node.defects and fragment in node.defects[0]
     from saasbench.evaluation.engine import Engine
 
-    report = Engine(load({"type": "P07", "inputs": {"assertions": [{"path": "$.id", "operator": "store_as"}]}}).dag,
-                    RunContext(Target())).run()
+    report = Engine(
+        load({"type": "P07", "inputs": {"assertions": [{"path": "$.id", "operator": "store_as"}]}}).dag,
+        RunContext(Target()),
+    ).run()
     assert report.nodes[0].status.value == "ERROR" and "names no 'key'" in report.nodes[0].message
 
 
@@ -98,8 +120,17 @@ def test_p07_assertion_key_store_as_is_save_as() -> None:
     assert run(ctx, "P07", {"assertions": [dfhjkeb]}).passed and ctx.vars["crud_cid"] == "cus_1"
     ctx = doc_ctx({"customer": {}})
     assert not run(ctx, "P07", {"assertions": [dfhjkeb]}).passed and "crud_cid" not in ctx.vars
-    iyjruvfz = {"path": "$.data.uid", "expected_pattern": "^[1-9A-HJ-NP-Za-km-z]{22}$", "store_as": "${PREV_BOOKING_UID}"}
-    clean("P07", {"assertions": [iyjruvfz]}, "assertion 'store_as' -> save_as", "assertion 'expected_pattern' -> op matches_regex")
+    iyjruvfz = {
+        "path": "$.data.uid",
+        "expected_pattern": "^[1-9A-HJ-NP-Za-km-z]{22}$",
+        "store_as": "${PREV_BOOKING_UID}",
+    }
+    clean(
+        "P07",
+        {"assertions": [iyjruvfz]},
+        "assertion 'store_as' -> save_as",
+        "assertion 'expected_pattern' -> op matches_regex",
+    )
     ctx = doc_ctx({"data": {"uid": "a" * 22}})
     assert run(ctx, "P07", {"assertions": [iyjruvfz]}).passed and ctx.vars["PREV_BOOKING_UID"] == "a" * 22
     assert ctx.resolve("/bookings/${PREV_BOOKING_UID}") == "/bookings/" + "a" * 22
@@ -142,10 +173,18 @@ def test_p07_array_min_length_needs_an_array() -> None:
 
 def test_p07_any_match_checks_each_matched_value() -> None:
     currency = {"path": "$..currency_code", "match_type": "any_match", "expected": "EUR"}  # rjhcjrst API_SUMMARY_BASIC
-    typed = {"path": "$..monetary_value", "type": "string", "match_type": "any_match", "comment": "strings, never numbers"}
+    typed = {
+        "path": "$..monetary_value",
+        "type": "string",
+        "match_type": "any_match",
+        "comment": "strings, never numbers",
+    }
     names = {"path": "$[*].name", "match_type": "any_match", "expected": "EvalPAT"}
     clean("P07", {"assertions": [currency, typed, names]})
-    summary = {"a": {"currency_code": "USD", "monetary_value": 1}, "b": {"currency_code": "EUR", "monetary_value": "2.00"}}
+    summary = {
+        "a": {"currency_code": "USD", "monetary_value": 1},
+        "b": {"currency_code": "EUR", "monetary_value": "2.00"},
+    }
     assert p07(summary, currency, typed).passed
     assert not p07({"a": {"currency_code": "USD"}}, currency).passed
     assert not p07({"a": {"monetary_value": 1}}, typed).passed  # no matched value is a string
@@ -193,7 +232,12 @@ def test_p07_type_exists() -> None:
 
 
 def test_p07_expected_and_pattern_together() -> None:
-    gmdnohlg = {"path": "$.api.data.expiration", "expected": "2030-12-31", "operator": "regex_match", "pattern": r"^\d{4}-\d{2}-\d{2}"}
+    gmdnohlg = {
+        "path": "$.api.data.expiration",
+        "expected": "2030-12-31",
+        "operator": "regex_match",
+        "pattern": r"^\d{4}-\d{2}-\d{2}",
+    }
     warnings = kinds("P07", {"assertions": [gmdnohlg]}, "warning")
     assert not kinds("P07", {"assertions": [gmdnohlg]}, "error")
     assert len(warnings) == 1 and "the pattern is matched and the expected value is ignored" in warnings[0]
@@ -210,7 +254,11 @@ def test_p07_expected_and_pattern_together() -> None:
 
 
 def test_p07_path_list_is_path_any_of() -> None:
-    step = {"path": ["$.data.uid", "$.data[0].uid"], "expected_pattern": "^u", "store_as": "${TEST_BOOKING_UID}"}  # iyjruvfz
+    step = {
+        "path": ["$.data.uid", "$.data[0].uid"],
+        "expected_pattern": "^u",
+        "store_as": "${TEST_BOOKING_UID}",
+    }  # iyjruvfz
     clean("P07", {"assertions": [step]}, "'path' given as a list -> path_any_of")
     ctx = doc_ctx({"data": [{"uid": "u-9"}]})
     assert run(ctx, "P07", {"assertions": [step]}).passed and ctx.vars["TEST_BOOKING_UID"] == "u-9"
@@ -222,10 +270,17 @@ def test_p07_bare_bound_and_flag_keys() -> None:
         ({"path": "$", "type": "array", "min_length": 1}, [1], []),  # sgdoserd, hhrdixum
         ({"path": "$.data", "max_length": 2}, {"data": [1, 2]}, {"data": [1, 2, 3]}),  # rjhcjrst
         ({"path": "$.token", "not_exists": True}, {"id": 1}, {"token": "t"}),  # sgdoserd
-        ({"path": "$.first.id", "expected_eq": "$.second.id"}, {"first": {"id": 1}, "second": {"id": 1}},
-         {"first": {"id": 1}, "second": {"id": 2}}),  # sgdoserd
+        (
+            {"path": "$.first.id", "expected_eq": "$.second.id"},
+            {"first": {"id": 1}, "second": {"id": 1}},
+            {"first": {"id": 1}, "second": {"id": 2}},
+        ),  # sgdoserd
         ({"path": "$.errors", "empty_or_absent": True}, {"data": {}}, {"errors": [{"message": "boom"}]}),  # gavmyneb
-        ({"path": "$.product.variants", "expected_not_empty": True}, {"product": {"variants": [1]}}, {"product": {"variants": []}}),
+        (
+            {"path": "$.product.variants", "expected_not_empty": True},
+            {"product": {"variants": [1]}},
+            {"product": {"variants": []}},
+        ),
         ({"path": "$.returns", "expected_length_gte": 1}, {"returns": [1]}, {"returns": []}),  # dfhjkeb
     ]
     for step, good, bad in cases:
@@ -239,7 +294,9 @@ def test_p07_bare_bound_and_flag_keys() -> None:
 def workspace(tmp_path: Path) -> Path:
     (tmp_path / "resources/views/v2/layout").mkdir(parents=True)
     (tmp_path / "resources/views/v2/layout/default.twig").write_text("<html>{% block content %}{% endblock %}</html>")
-    (tmp_path / "package.json").write_text('{"devDependencies": {"TypeScript": "5"}, "dependencies": {"@medusajs/framework": "2"}}')
+    (tmp_path / "package.json").write_text(
+        '{"devDependencies": {"TypeScript": "5"}, "dependencies": {"@medusajs/framework": "2"}}'
+    )
     return tmp_path
 
 
@@ -248,7 +305,10 @@ def ws_ctx(root: Path) -> RunContext:
 
 
 def test_p01_any_of(workspace: Path) -> None:
-    rjhcjrst = {"any_of": ["resources/views/layouts/app.blade.php", "resources/views/v2/layout/default.twig"], "type": "file"}
+    rjhcjrst = {
+        "any_of": ["resources/views/layouts/app.blade.php", "resources/views/v2/layout/default.twig"],
+        "type": "file",
+    }
     assert not kinds("P01", rjhcjrst, "error")
     assert any("'any_of' -> 'path_any_of'" in n for n in kinds("P01", rjhcjrst, "normalisation"))
     assert run(ws_ctx(workspace), "P01", rjhcjrst).passed
@@ -260,7 +320,9 @@ def test_p02_patterns_all_of_with_any_of_groups(workspace: Path) -> None:
     clean("P02", dfhjkeb, "'patterns' -> every pattern must be found", "'patterns' without match_type -> icontains")
     result = run(ws_ctx(workspace), "P02", dfhjkeb)
     assert result.passed, result.message
-    assert not run(ws_ctx(workspace), "P02", {"path": "package.json", "patterns": ["typescript", {"any_of": ["koa", "hono"]}]}).passed
+    assert not run(
+        ws_ctx(workspace), "P02", {"path": "package.json", "patterns": ["typescript", {"any_of": ["koa", "hono"]}]}
+    ).passed
     assert not run(ws_ctx(workspace), "P02", {"path": "package.json", "patterns": ["typescript", "fastify"]}).passed
 
 
@@ -269,7 +331,9 @@ def test_p02_without_path_searches_the_last_response() -> None:
     clean("P02", cvyocaao, "no path -> source last_response")
     ctx = RunContext(Target())
     assert not run(ctx, "P02", cvyocaao).passed  # no response yet: fails, says why
-    ctx.set_response(response("/realms/master/protocol/saml/descriptor", text='<md:EntityDescriptor entityID="x">', body=None))
+    ctx.set_response(
+        response("/realms/master/protocol/saml/descriptor", text='<md:EntityDescriptor entityID="x">', body=None)
+    )
     assert run(ctx, "P02", cvyocaao).passed
     ctx.set_response(response(text="<html>not found</html>"))
     result = run(ctx, "P02", cvyocaao)
@@ -277,10 +341,19 @@ def test_p02_without_path_searches_the_last_response() -> None:
 
 
 def test_p02_output_var_searches_the_last_command_output() -> None:
-    sgdoserd = {"output_var": "stdout", "match_type": "regex", "pattern": r"^(0600|600) /(?:tmp|var/run)/[A-Za-z0-9_-]+\.sock"}
+    sgdoserd = {
+        "output_var": "stdout",
+        "match_type": "regex",
+        "pattern": r"^(0600|600) /(?:tmp|var/run)/[A-Za-z0-9_-]+\.sock",
+    }
     clean("P02", sgdoserd, "'output_var' -> source command_output")
     ctx = RunContext(Target())
-    ctx.last_document = {"exit_code": 0, "stdout": "600 /tmp/mm_local.sock\n", "stderr": "", "output": "600 /tmp/mm_local.sock\n"}
+    ctx.last_document = {
+        "exit_code": 0,
+        "stdout": "600 /tmp/mm_local.sock\n",
+        "stderr": "",
+        "output": "600 /tmp/mm_local.sock\n",
+    }
     assert run(ctx, "P02", sgdoserd).passed
     ctx.last_document = {"exit_code": 1, "stdout": "NO_SOCKET_FOUND\n", "stderr": "", "output": "NO_SOCKET_FOUND\n"}
     assert not run(ctx, "P02", sgdoserd).passed
@@ -290,13 +363,23 @@ def test_p02_output_var_searches_the_last_command_output() -> None:
 
 # --- P17 evidence types -------------------------------------------------------------------------------------
 PUBLIC_EVIDENCE = {  # every evidence_type value of the 23 public DAGs -> what this engine collects
-    "code_files": "code_files", "screenshot": "screenshot", "rendered_dom": "rendered_dom",
-    "http_response_body": "http_response_body", "api_response": "http_response_body",
-    "http_response_json": "http_response_body", "multi_endpoint_responses": "http_response_body",
-    "page_html": "rendered_dom", "code_files_and_config": "code_files",
-    "api_responses": "http_exchanges", "http_responses": "http_exchanges", "http_response_payload": "http_exchanges",
-    "http_response_headers": "http_response_headers", "db_query_result": "db_query_result",
-    "directory_listing": "directory_listing", "logs": "logs", "container_logs": "logs",
+    "code_files": "code_files",
+    "screenshot": "screenshot",
+    "rendered_dom": "rendered_dom",
+    "http_response_body": "http_response_body",
+    "api_response": "http_response_body",
+    "http_response_json": "http_response_body",
+    "multi_endpoint_responses": "http_response_body",
+    "page_html": "rendered_dom",
+    "code_files_and_config": "code_files",
+    "api_responses": "http_exchanges",
+    "http_responses": "http_exchanges",
+    "http_response_payload": "http_exchanges",
+    "http_response_headers": "http_response_headers",
+    "db_query_result": "db_query_result",
+    "directory_listing": "directory_listing",
+    "logs": "logs",
+    "container_logs": "logs",
 }
 
 
@@ -327,9 +410,11 @@ def judged(ctx: RunContext, inputs: dict[str, Any]) -> tuple[StepResult, str]:
 
 def test_p17_http_exchanges_from_the_response_log() -> None:
     ctx = RunContext(Target(), options=RunOptions())
-    log = [response("/realms/master/.well-known/openid-configuration", text='{"issuer": "x"}'),
-           response("/admin/realms", status=401, text='{"error": "HTTP 401 Unauthorized"}'),
-           response("/realms/master/protocol/openid-connect/certs", text='{"keys": []}')]
+    log = [
+        response("/realms/master/.well-known/openid-configuration", text='{"issuer": "x"}'),
+        response("/admin/realms", status=401, text='{"error": "HTTP 401 Unauthorized"}'),
+        response("/realms/master/protocol/openid-connect/certs", text='{"keys": []}'),
+    ]
     ctx.set_response(log[-1])
     ctx.response_log = [dataclasses.replace(r, body=None) for r in log]  # RunContext.set_response's light copies
     cvyocaao = {"evidence_type": "api_responses", "api_path_filters": ["/.well-known/openid-configuration", "/certs"]}
@@ -359,9 +444,17 @@ def test_p17_http_response_headers_with_source_files(tmp_path: Path) -> None:
     (tmp_path / "app/controllers").mkdir(parents=True)
     (tmp_path / "app/controllers/application_controller.rb").write_text("protect_from_forgery with: :exception\n")
     ctx = RunContext(Target(workspace=tmp_path), options=RunOptions())
-    ctx.set_response(response("/login/canvas", text="<html/>", headers={"content-security-policy": "default-src 'self'",
-                                                                         "x-frame-options": "SAMEORIGIN"}))
-    gavmyneb = {"evidence_type": "http_response_headers", "files_to_sample": ["app/controllers/application_controller.rb"]}
+    ctx.set_response(
+        response(
+            "/login/canvas",
+            text="<html/>",
+            headers={"content-security-policy": "default-src 'self'", "x-frame-options": "SAMEORIGIN"},
+        )
+    )
+    gavmyneb = {
+        "evidence_type": "http_response_headers",
+        "files_to_sample": ["app/controllers/application_controller.rb"],
+    }
     result, evidence = judged(ctx, gavmyneb)
     assert result.passed and "content-security-policy: default-src 'self'" in evidence
     assert "protect_from_forgery" in evidence
@@ -370,7 +463,9 @@ def test_p17_http_response_headers_with_source_files(tmp_path: Path) -> None:
 
 
 def test_p17_db_query_result_judges_the_last_rows() -> None:
-    ctx = doc_ctx({"rows": [{"user": "admin", "event": "patient-record-insert", "success": 1}], "count": 1, "rowcount": 1})
+    ctx = doc_ctx(
+        {"rows": [{"user": "admin", "event": "patient-record-insert", "success": 1}], "count": 1, "rowcount": 1}
+    )
     result, evidence = judged(ctx, {"evidence_type": "db_query_result"})
     assert result.passed and "patient-record-insert" in evidence and "1 row(s)" in evidence
     result, _ = judged(doc_ctx({"status": 200}), {"evidence_type": "db_query_result"})
@@ -378,32 +473,52 @@ def test_p17_db_query_result_judges_the_last_rows() -> None:
 
 
 def test_p17_directory_listing(tmp_path: Path) -> None:
-    for rel in ("apps/web/page.tsx", "apps/api/v2/src/main.ts", "packages/prisma/schema.prisma", "node_modules/x/index.js"):
+    for rel in (
+        "apps/web/page.tsx",
+        "apps/api/v2/src/main.ts",
+        "packages/prisma/schema.prisma",
+        "node_modules/x/index.js",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     iyjruvfz = {"evidence_type": "directory_listing", "base_dir": "/app", "depth": 2}
     clean("P17", {**iyjruvfz, "rubric_prompt": "x"}, "base_dir '/app' -> '.'")
     result, evidence = judged(RunContext(Target(workspace=tmp_path), options=RunOptions()), iyjruvfz)
     assert result.passed and "apps/web/" in evidence and "packages/prisma/" in evidence and "node_modules/" in evidence
-    assert "apps/web/page.tsx" not in evidence and "node_modules/x/" not in evidence  # depth 2; skipped folder not entered
+    assert (
+        "apps/web/page.tsx" not in evidence and "node_modules/x/" not in evidence
+    )  # depth 2; skipped folder not entered
     deeper = {"evidence_type": "directory_listing", "base_dir": "/app/apps/api", "depth": 3}
     result, evidence = judged(RunContext(Target(workspace=tmp_path), options=RunOptions()), deeper)
     assert result.passed and "v2/src/main.ts" in evidence
-    result, _ = judged(RunContext(Target(workspace=tmp_path), options=RunOptions()), {**deeper, "base_dir": "/app/missing"})
+    result, _ = judged(
+        RunContext(Target(workspace=tmp_path), options=RunOptions()), {**deeper, "base_dir": "/app/missing"}
+    )
     assert not result.passed and "not found" in result.message
 
 
 def test_p17_container_logs_warns_and_is_judge_skipped() -> None:
-    xayqujrv = {"evidence_type": "container_logs", "files_to_sample": [], "rubric_prompt": "Inspect the logs.", "score_range": [0, 8]}
+    xayqujrv = {
+        "evidence_type": "container_logs",
+        "files_to_sample": [],
+        "rubric_prompt": "Inspect the logs.",
+        "score_range": [0, 8],
+    }
     warnings = kinds("P17", xayqujrv, "warning")
-    assert len(warnings) == 1 and "keeps no log text" in warnings[0] and warnings[0].startswith("steps[0].inputs.evidence_type")
+    assert (
+        len(warnings) == 1
+        and "keeps no log text" in warnings[0]
+        and warnings[0].startswith("steps[0].inputs.evidence_type")
+    )
     result, _ = judged(RunContext(Target(), options=RunOptions()), xayqujrv)
     assert result.judge_skipped and not result.passed
 
 
 def test_p17_json_and_page_html_aliases_collect_the_reference_evidence() -> None:
     ctx = RunContext(Target(), options=RunOptions())
-    ctx.set_response(response("/apis/default/api/patient", status=400, text='{"validationErrors": {"fname": "required"}}'))
+    ctx.set_response(
+        response("/apis/default/api/patient", status=400, text='{"validationErrors": {"fname": "required"}}')
+    )
     result, evidence = judged(ctx, {"evidence_type": "http_response_json"})
     assert result.passed and "validationErrors" in evidence
     ctx.capture("rendered_dom", "<main><h1>Segments</h1></main>")

@@ -71,22 +71,38 @@ def defect_code() -> Iterator[str]:
         REGISTRY.remove("X_DEFECT")
 
 
-def test_step_defect_loads_with_a_warning_and_the_node_is_error_without_running(defect_code: str, tmp_path: Path) -> None:
+def test_step_defect_loads_with_a_warning_and_the_node_is_error_without_running(
+    defect_code: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "ran"
-    result = load({"type": "P12", "inputs": {"command": f"touch {marker}"}}, {"type": defect_code, "inputs": {"things": []}})
+    result = load(
+        {"type": "P12", "inputs": {"command": f"touch {marker}"}}, {"type": defect_code, "inputs": {"things": []}}
+    )
     (warning,) = [i for i in result.warnings if i.field == "steps[1].inputs"]
-    assert warning.node == "N" and "X_DEFECT needs at least one thing" in warning.message and "DAG defect" in warning.message
+    assert (
+        warning.node == "N"
+        and "X_DEFECT needs at least one thing" in warning.message
+        and "DAG defect" in warning.message
+    )
     assert result.dag.nodes[0].defects == ["steps[1] (X_DEFECT): X_DEFECT needs at least one thing: it checks nothing"]
     from saasbench.environments.exec_target import LocalExecTarget
 
     node = _engine_run(result, RunContext(Target(exec_target=LocalExecTarget(tmp_path))))
     assert node.status == Status.ERROR and node.score == 0 and not node.steps
-    assert node.message == "DAG defect, no step run: steps[1] (X_DEFECT): X_DEFECT needs at least one thing: it checks nothing"
+    assert (
+        node.message
+        == "DAG defect, no step run: steps[1] (X_DEFECT): X_DEFECT needs at least one thing: it checks nothing"
+    )
     assert not marker.exists()  # step 0 did not run either
     # the same chain without the defect runs (the mechanism is not a blanket ERROR)
-    ok = load({"type": "P12", "inputs": {"command": f"touch {marker}"}}, {"type": defect_code, "inputs": {"things": ["a"]}})
+    ok = load(
+        {"type": "P12", "inputs": {"command": f"touch {marker}"}}, {"type": defect_code, "inputs": {"things": ["a"]}}
+    )
     assert not ok.dag.nodes[0].defects
-    assert _engine_run(ok, RunContext(Target(exec_target=LocalExecTarget(tmp_path)))).status == Status.PASSED and marker.exists()
+    assert (
+        _engine_run(ok, RunContext(Target(exec_target=LocalExecTarget(tmp_path)))).status == Status.PASSED
+        and marker.exists()
+    )
     # other input errors of the same primitive still refuse the file
     with pytest.raises(DagLoadError):
         load({"type": defect_code, "inputs": {"things": "not a list"}})
@@ -136,14 +152,23 @@ def db(tmp_path: Path) -> Iterator[RunContext]:
 
 
 IYJRUVFZ_P11 = {"table": "Booking", "column": "uid", "is_unique": True}  # DATA_BOOKING_UNIQUE_UID
-SGDOSERD_P11 = {"table": "channels", "expected_columns": ["name", "teamid"], "unique_required": True}  # DB_INDEX_CHANNELS_NAME_TEAMID
-KMASMNIL_P11 = {"table": "Response", "expected_indexes": [["surveyId", "created_at"], ["created_at"]]}  # DB_INDEXES_PERFORMANCE
+SGDOSERD_P11 = {
+    "table": "channels",
+    "expected_columns": ["name", "teamid"],
+    "unique_required": True,
+}  # DB_INDEX_CHANNELS_NAME_TEAMID
+KMASMNIL_P11 = {
+    "table": "Response",
+    "expected_indexes": [["surveyId", "created_at"], ["created_at"]],
+}  # DB_INDEXES_PERFORMANCE
 
 
 def test_p11_single_index_shorthands_load() -> None:
     notes = clean("P11", IYJRUVFZ_P11)
     assert "'column' -> one expected index" in notes and "'is_unique' -> the expected index's 'unique'" in notes
-    assert "'expected_columns' + 'unique_required' -> one expected index covering every column (UNIQUE)" in clean("P11", SGDOSERD_P11)
+    assert "'expected_columns' + 'unique_required' -> one expected index covering every column (UNIQUE)" in clean(
+        "P11", SGDOSERD_P11
+    )
     assert "entries given as column lists -> {columns: [...]}" in clean("P11", KMASMNIL_P11)
     spec = REGISTRY.spec("P11").inputs
     (one,) = spec.model_validate(IYJRUVFZ_P11).expected_indexes
@@ -152,7 +177,10 @@ def test_p11_single_index_shorthands_load() -> None:
     assert (both.columns, both.unique) == (["name", "teamid"], True)
     (plain,) = spec.model_validate({**SGDOSERD_P11, "unique_required": False}).expected_indexes
     assert plain.unique is None  # not required: any index
-    assert [i.columns for i in spec.model_validate(KMASMNIL_P11).expected_indexes] == [["surveyId", "created_at"], ["created_at"]]
+    assert [i.columns for i in spec.model_validate(KMASMNIL_P11).expected_indexes] == [
+        ["surveyId", "created_at"],
+        ["created_at"],
+    ]
 
 
 def test_p11_single_index_shorthands_run(db: RunContext) -> None:
@@ -164,18 +192,29 @@ def test_p11_single_index_shorthands_run(db: RunContext) -> None:
     assert not run(db, "P11", {**SGDOSERD_P11, "expected_columns": ["purpose", "teamid"]}).passed  # not unique
     assert run(db, "P11", {**SGDOSERD_P11, "expected_columns": ["purpose", "teamid"], "unique_required": False}).passed
     assert run(db, "P11", KMASMNIL_P11).passed
-    assert not run(db, "P11", {"table": "Response", "expected_indexes": [["surveyId", "created_at"], ["deleted_at"]]}).passed
+    assert not run(
+        db, "P11", {"table": "Response", "expected_indexes": [["surveyId", "created_at"], ["deleted_at"]]}
+    ).passed
 
 
-LGZIVILY_P10 = {"table": "log", "expected_columns": [], "column_type_check": {"log_from": "varchar(20)"}}  # BIZ_AUDIT_LOG_FROM_DEFAULT
+LGZIVILY_P10 = {
+    "table": "log",
+    "expected_columns": [],
+    "column_type_check": {"log_from": "varchar(20)"},
+}  # BIZ_AUDIT_LOG_FROM_DEFAULT
 
 
 def test_p10_column_type_check(db: RunContext) -> None:
     assert "column_type_check {column: type} -> expected_columns [{name, type}]" in clean("P10", LGZIVILY_P10)
     specs = REGISTRY.spec("P10").inputs.model_validate(LGZIVILY_P10).specs()
     assert [(s.name, s.type) for s in specs] == [("log_from", "varchar(20)")]
-    merged = REGISTRY.spec("P10").inputs.model_validate(  # BIZ_CLAIM_STATUS_INT_TYPE: the named column gets the type
-        {"table": "log", "expected_columns": ["claim_status"], "column_type_check": {"claim_status": "tinyint"}}).specs()
+    merged = (
+        REGISTRY.spec("P10")
+        .inputs.model_validate(  # BIZ_CLAIM_STATUS_INT_TYPE: the named column gets the type
+            {"table": "log", "expected_columns": ["claim_status"], "column_type_check": {"claim_status": "tinyint"}}
+        )
+        .specs()
+    )
     assert [(s.name, s.type) for s in merged] == [("claim_status", "tinyint")]
     assert run(db, "P10", LGZIVILY_P10).passed
     wrong = run(db, "P10", {**LGZIVILY_P10, "column_type_check": {"log_from": "int"}})
@@ -184,18 +223,27 @@ def test_p10_column_type_check(db: RunContext) -> None:
 
 
 def test_p08_comment_only_assertion_is_a_placeholder(db: RunContext) -> None:
-    inputs = {"sql": "SELECT 'check' AS c", "assertions": [{"comment": "verify db reachability"}]}  # iyjruvfz SEC_APP_ENCRYPTION_KEY_LENGTH_32
+    inputs = {
+        "sql": "SELECT 'check' AS c",
+        "assertions": [{"comment": "verify db reachability"}],
+    }  # iyjruvfz SEC_APP_ENCRYPTION_KEY_LENGTH_32
     assert "assertions[0] is only a comment: a placeholder that checks nothing (dropped)" in clean("P08", inputs)
     assert run(db, "P08", inputs).passed
     empty = run(db, "P08", {**inputs, "sql": "SELECT id FROM users WHERE id = 'nobody'"})
     assert not empty.passed  # what is left: a SELECT must return rows (as the reference's 0-row rule)
     # a comment next to a real check is not a placeholder
-    assert any("needs a 'field'" in e for e in kinds("P08", {"sql": "SELECT 1", "assertions": [{"comment": "x", "expected": 1}]}, "error"))
+    assert any(
+        "needs a 'field'" in e
+        for e in kinds("P08", {"sql": "SELECT 1", "assertions": [{"comment": "x", "expected": 1}]}, "error")
+    )
 
 
 def test_p08_store_field_as_and_capture_only(db: RunContext) -> None:
-    inputs = {"sql": "SELECT mfasecret FROM users WHERE username='eval_mfauser' LIMIT 1", "store_field_as": "mfa_secret",
-              "capture_only": True}  # sgdoserd AUTH_MFA_REQUIRED_401
+    inputs = {
+        "sql": "SELECT mfasecret FROM users WHERE username='eval_mfauser' LIMIT 1",
+        "store_field_as": "mfa_secret",
+        "capture_only": True,
+    }  # sgdoserd AUTH_MFA_REQUIRED_401
     notes = clean("P08", inputs)
     assert "'store_field_as' -> 'save_id'" in notes and "'capture_only: true': the step only captures" in notes
     assert run(db, "P08", inputs).passed and db.vars["mfa_secret"] == "JBSWY3DPEHPK3PXP"
@@ -208,9 +256,15 @@ def test_p08_store_field_as_and_capture_only(db: RunContext) -> None:
 
 
 # --- P24 no-op trigger ----------------------------------------------------------------------------
-IDIDETXJ_P24 = {"trigger": {"type": "noop"}, "verify": {  # BIZ_DOCUMENT_LIFECYCLE_FULL_CHAIN steps[10]
-    "strategy": "db_query", "sql": "SELECT COUNT(*) AS c FROM documents WHERE id IN ('d1') AND archived = 1",
-    "expected_result": {"c": 1}, "max_wait_ms": 300}}
+IDIDETXJ_P24 = {
+    "trigger": {"type": "noop"},
+    "verify": {  # BIZ_DOCUMENT_LIFECYCLE_FULL_CHAIN steps[10]
+        "strategy": "db_query",
+        "sql": "SELECT COUNT(*) AS c FROM documents WHERE id IN ('d1') AND archived = 1",
+        "expected_result": {"c": 1},
+        "max_wait_ms": 300,
+    },
+}
 
 
 def test_p24_noop_trigger_only_polls(db: RunContext) -> None:
@@ -219,7 +273,13 @@ def test_p24_noop_trigger_only_polls(db: RunContext) -> None:
     result = run(db, "P24", IDIDETXJ_P24)
     assert result.passed, result.message
     assert not result.evidence["triggers"]
-    missing = {**IDIDETXJ_P24, "verify": {**IDIDETXJ_P24["verify"], "sql": "SELECT COUNT(*) AS c FROM documents WHERE archived = 1 AND id = 'd2'"}}
+    missing = {
+        **IDIDETXJ_P24,
+        "verify": {
+            **IDIDETXJ_P24["verify"],
+            "sql": "SELECT COUNT(*) AS c FROM documents WHERE archived = 1 AND id = 'd2'",
+        },
+    }
     assert not run(db, "P24", missing).passed
     listed = {**IDIDETXJ_P24, "trigger": [{"type": "noop"}, {"type": "exec", "command": "true"}]}
     assert "no-op trigger(s) dropped" in clean("P24", listed)
@@ -234,7 +294,9 @@ def test_p30_totp_matches_rfc6238() -> None:
 
     secret = "GEZDGNBVGY3TQOJQGEZDGNBVGY3TQOJQ"  # base32 of the RFC 6238 SHA1 key "12345678901234567890"
     assert totp(secret, at=59, digits=8) == "94287082" and totp(secret, at=1111111109, digits=8) == "07081804"
-    assert totp(secret.lower(), at=59) == "287082" and totp("gezd gnbv gy3t qojq gezd gnbv gy3t qojq", at=59) == "287082"
+    assert (
+        totp(secret.lower(), at=59) == "287082" and totp("gezd gnbv gy3t qojq gezd gnbv gy3t qojq", at=59) == "287082"
+    )
     assert totp(secret, at=59 + 30, offset=-1) == "287082"
 
 
@@ -247,7 +309,9 @@ def test_p30_loads_and_captures_a_code(db: RunContext) -> None:
 
     missing = run(db, "P30", inputs)
     assert not missing.passed and "nothing was captured as {{mfa_secret}}" in missing.message
-    assert run(db, "P08", {"sql": "SELECT mfasecret FROM users LIMIT 1", "store_field_as": "mfa_secret", "capture_only": True}).passed
+    assert run(
+        db, "P08", {"sql": "SELECT mfasecret FROM users LIMIT 1", "store_field_as": "mfa_secret", "capture_only": True}
+    ).passed
     result = run(db, "P30", inputs)
     assert result.passed and db.vars["mfa_code"] in {totp("JBSWY3DPEHPK3PXP", offset=o) for o in (0, -1)}
     db.capture("mfa_secret", "not base32!")
@@ -275,21 +339,42 @@ def test_p21_empty_pattern_reads_the_log_for_a_judge(tmp_path: Path) -> None:
 
 # --- P21 JSON-event WebSocket dialect (sgdoserd, Mattermost) ---------------------------------------
 WS_CONNECT = {"path": "/api/v4/websocket", "auth_via": "session", "expect_first_event": {"event": "hello", "seq": 0}}
-WS_AUTH = {"path": "/api/v4/websocket", "send": [{"action": "authentication_challenge", "seq": 1, "data": {"token": "{{admin_token}}"}}],
-           "expect_response": {"status": "OK", "seq_reply": 1}}
-WS_POSTED = {"path": "/api/v4/websocket",
-             "trigger_after_connect": {"http_call": {"method": "POST", "path": "/api/v4/posts",
-                                                     "body": {"channel_id": "{{cid}}", "message": "WS test"}}},
-             "expect_event": {"event": "posted", "data_keys_required": ["post", "channel_name"], "broadcast_channel_id": "{{cid}}"}}
+WS_AUTH = {
+    "path": "/api/v4/websocket",
+    "send": [{"action": "authentication_challenge", "seq": 1, "data": {"token": "{{admin_token}}"}}],
+    "expect_response": {"status": "OK", "seq_reply": 1},
+}
+WS_POSTED = {
+    "path": "/api/v4/websocket",
+    "trigger_after_connect": {
+        "http_call": {
+            "method": "POST",
+            "path": "/api/v4/posts",
+            "body": {"channel_id": "{{cid}}", "message": "WS test"},
+        }
+    },
+    "expect_event": {
+        "event": "posted",
+        "data_keys_required": ["post", "channel_name"],
+        "broadcast_channel_id": "{{cid}}",
+    },
+}
 WS_TYPING = {"path": "/api/v4/websocket", "send": [{"action": "user_typing", "seq": 2, "data": {"channel_id": "c1"}}]}
 
 
 def test_p21_json_event_dialect_loads() -> None:
     notes = clean("P21", WS_CONNECT)
-    assert "'auth_via: session'" in notes and "'expect_first_event' -> a received JSON message with {'event': 'hello', 'seq': 0} among the first 3" in notes
+    assert (
+        "'auth_via: session'" in notes
+        and "'expect_first_event' -> a received JSON message with {'event': 'hello', 'seq': 0} among the first 3"
+        in notes
+    )
     auth = REGISTRY.spec("P21").inputs.model_validate(WS_AUTH)
     assert auth.url == "/api/v4/websocket"
-    assert json.loads(auth.steps[0].send) == WS_AUTH["send"][0] and auth.steps[1].expect_json == {"status": "OK", "seq_reply": 1}
+    assert json.loads(auth.steps[0].send) == WS_AUTH["send"][0] and auth.steps[1].expect_json == {
+        "status": "OK",
+        "seq_reply": 1,
+    }
     assert "'send' (1 message(s)) -> one exchange step per message" in clean("P21", WS_AUTH)
     posted = REGISTRY.spec("P21").inputs.model_validate(WS_POSTED)
     assert posted.steps[0].http is not None and posted.steps[0].http.path == "/api/v4/posts"
@@ -298,7 +383,10 @@ def test_p21_json_event_dialect_loads() -> None:
     typing = REGISTRY.spec("P21").inputs.model_validate(WS_TYPING)
     assert typing.steps[0].expect_any_message and typing.steps[1].send
     assert "no expected event: the app must send at least one message" in clean("P21", WS_TYPING)
-    assert any("event key 'colour'" in w for w in kinds("P21", {**WS_CONNECT, "expect_first_event": {"event": "hello", "colour": 1}}, "warning"))
+    assert any(
+        "event key 'colour'" in w
+        for w in kinds("P21", {**WS_CONNECT, "expect_first_event": {"event": "hello", "colour": 1}}, "warning")
+    )
 
 
 class _MattermostLike:
@@ -332,8 +420,9 @@ class _MattermostLike:
                 self.clients.discard(conn)
 
     def broadcast(self, channel: str) -> None:
-        message = self.event({"event": "posted", "data": {"post": "{}", "channel_name": "town"},
-                              "broadcast": {"channel_id": channel}})
+        message = self.event(
+            {"event": "posted", "data": {"post": "{}", "channel_name": "town"}, "broadcast": {"channel_id": channel}}
+        )
         with self.lock:
             clients = list(self.clients)
         for conn in clients:
@@ -366,8 +455,10 @@ def mattermost() -> Iterator[tuple[str, str]]:
     quiet = logging.getLogger("test_loader_dialects_full_b.ws")
     quiet.setLevel(logging.CRITICAL)
     ws = serve(app.ws, "127.0.0.1", 0, logger=quiet)
-    threads = [threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True),
-               threading.Thread(target=ws.serve_forever, daemon=True)]
+    threads = [
+        threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True),
+        threading.Thread(target=ws.serve_forever, daemon=True),
+    ]
     for t in threads:
         t.start()
     yield f"http://127.0.0.1:{http.server_address[1]}", f"ws://127.0.0.1:{ws.socket.getsockname()[1]}"
@@ -394,7 +485,9 @@ def test_p21_json_events_run(mattermost: tuple[str, str]) -> None:
     assert hello.passed, hello.message
     silent = run(ctx, "P21", _at(WS_CONNECT, ws, "/silent", timeout_ms=800))
     assert not silent.passed and "no message matching" in silent.message
-    assert not run(ctx, "P21", _at({**WS_CONNECT, "expect_first_event": {"event": "hello", "seq": 5}}, ws, timeout_ms=800)).passed
+    assert not run(
+        ctx, "P21", _at({**WS_CONNECT, "expect_first_event": {"event": "hello", "seq": 5}}, ws, timeout_ms=800)
+    ).passed
     auth = run(ctx, "P21", _at(WS_AUTH, ws))
     assert auth.passed, auth.message
     sent = next(t["sent"] for t in auth.evidence["transcript"] if "sent" in t)
@@ -404,20 +497,36 @@ def test_p21_json_events_run(mattermost: tuple[str, str]) -> None:
     posted = run(ctx, "P21", _at(WS_POSTED, ws))
     assert posted.passed, posted.message
     assert posted.evidence["steps"][0]["http"]["status"] == 201 and ctx.last_response.status == 201
-    other = run(_ws_ctx(base, admin_token="good-token", cid="c2"), "P21",
-                _at({**WS_POSTED, "expect_event": {**WS_POSTED["expect_event"], "broadcast_channel_id": "c1"}}, ws, timeout_ms=800))
+    other = run(
+        _ws_ctx(base, admin_token="good-token", cid="c2"),
+        "P21",
+        _at(
+            {**WS_POSTED, "expect_event": {**WS_POSTED["expect_event"], "broadcast_channel_id": "c1"}},
+            ws,
+            timeout_ms=800,
+        ),
+    )
     assert not other.passed  # the event went to channel c2
-    keys = run(ctx, "P21", _at({**WS_POSTED, "expect_event": {"event": "posted", "data_keys_required": ["sender_name"]}}, ws,
-                               timeout_ms=800))
+    keys = run(
+        ctx,
+        "P21",
+        _at(
+            {**WS_POSTED, "expect_event": {"event": "posted", "data_keys_required": ["sender_name"]}},
+            ws,
+            timeout_ms=800,
+        ),
+    )
     assert not keys.passed  # the event lacks data.sender_name
     assert run(ctx, "P21", _at(WS_TYPING, ws)).passed  # any message (hello) is enough
     assert not run(ctx, "P21", _at(WS_TYPING, ws, "/silent", timeout_ms=800)).passed
 
 
 # --- P19 on the page a P04 fetched ------------------------------------------------------------------
-PAGES = {"/auth/login": "<!DOCTYPE html><html><body><div id='root'><form><label>Email</label>"
-                        "<input name='authUser'><button>Sign in</button></form></div>"
-                        "<script>window.parent.postMessage({dimension: 1}, '*')</script></body></html>"}
+PAGES = {
+    "/auth/login": "<!DOCTYPE html><html><body><div id='root'><form><label>Email</label>"
+    "<input name='authUser'><button>Sign in</button></form></div>"
+    "<script>window.parent.postMessage({dimension: 1}, '*')</script></body></html>"
+}
 
 
 @pytest.fixture(scope="module")
@@ -498,16 +607,29 @@ def test_login_as_credentials_load_and_log_in_through_the_profile() -> None:
     from saasbench.primitives.browser import _identity
     from saasbench.services.auth import AuthProfile
 
-    inputs = {"url": "http://localhost:8020/t/1", "name": "FE_TOPIC_VIEW",
-              "login_as": {"username": "eval_admin", "password": "EvalPass12345!", "base_url": "http://localhost:8020"}}
+    inputs = {
+        "url": "http://localhost:8020/t/1",
+        "name": "FE_TOPIC_VIEW",
+        "login_as": {"username": "eval_admin", "password": "EvalPass12345!", "base_url": "http://localhost:8020"},
+    }
     notes = clean("SCREENSHOT", inputs)
-    assert "'login_as {username, password}' -> 'login_credentials'" in notes and "base_url 'http://localhost:8020' is not used" in notes
+    assert (
+        "'login_as {username, password}' -> 'login_credentials'" in notes
+        and "base_url 'http://localhost:8020' is not used" in notes
+    )
     model = REGISTRY.spec("SCREENSHOT").inputs.model_validate(inputs)
     assert model.login_credentials == {"username": "eval_admin", "password": "EvalPass12345!"} and model.as_role is None
-    assert REGISTRY.spec("SCREENSHOT").inputs.model_validate({**inputs, "login_as": "member"}).as_role == "member"  # a role name
+    assert (
+        REGISTRY.spec("SCREENSHOT").inputs.model_validate({**inputs, "login_as": "member"}).as_role == "member"
+    )  # a role name
 
-    profile = AuthProfile.model_validate({"default_scheme": "basic", "schemes": {"basic": {"kind": "basic"}},
-                                          "users": {"admin": {"username": "eval_admin", "password": "old"}}})
+    profile = AuthProfile.model_validate(
+        {
+            "default_scheme": "basic",
+            "schemes": {"basic": {"kind": "basic"}},
+            "users": {"admin": {"username": "eval_admin", "password": "old"}},
+        }
+    )
     ctx = RunContext(Target(base_url="http://127.0.0.1:9"), auth_profile=profile)
     before = ctx.auth.active
     identity, problem = _identity(ctx, model)
@@ -525,37 +647,64 @@ def test_login_as_credentials_load_and_log_in_through_the_profile() -> None:
 
 # --- P23 / P29 dialects of primitives/http.py (sgdoserd, xayqujrv, gavmyneb) ----------------------------
 def test_p23_sgdoserd_files_form_becomes_one_upload() -> None:
-    inputs = {"upload_path": "/api/v4/files", "form_fields": {"channel_id": "c1"},
-              "files": [{"field": "files", "filename": "test.txt", "content_type": "text/plain", "content_b64": "SGVsbG8="},
-                        {"field": "files", "filename": "b.txt", "content_b64": "Yg=="}]}
+    inputs = {
+        "upload_path": "/api/v4/files",
+        "form_fields": {"channel_id": "c1"},
+        "files": [
+            {"field": "files", "filename": "test.txt", "content_type": "text/plain", "content_b64": "SGVsbG8="},
+            {"field": "files", "filename": "b.txt", "content_b64": "Yg=="},
+        ],
+    }
     assert not kinds("P23", inputs, "error")
     assert any("more file part(s) not sent" in w for w in kinds("P23", inputs, "warning"))
     model = REGISTRY.spec("P23").inputs.model_validate(inputs)
     up = model.upload
-    assert (up.path, up.fields, up.file_field, up.file_name, up.content_type) == ("/api/v4/files", {"channel_id": "c1"}, "files",
-                                                                                 "test.txt", "text/plain")
+    assert (up.path, up.fields, up.file_field, up.file_name, up.content_type) == (
+        "/api/v4/files",
+        {"channel_id": "c1"},
+        "files",
+        "test.txt",
+        "text/plain",
+    )
     assert up.file_content == "base64:SGVsbG8=" and up.expected_status == [200, 201]
 
 
 def test_p29_wait_steps_external_verify_and_workflow_defect(tmp_path: Path) -> None:
-    waits = {"steps": [{"name": "wait_first_attempt", "_wait_seconds": 0.05}],
-             "final_verify": {"_external_get": "http://localhost:9011/history?since=0", "expect_min_events": 3}}
+    waits = {
+        "steps": [{"name": "wait_first_attempt", "_wait_seconds": 0.05}],
+        "final_verify": {"_external_get": "http://localhost:9011/history?since=0", "expect_min_events": 3},
+    }
     assert not kinds("P29", waits, "error")
     assert any("_external_get" in w and "not supported" in w for w in kinds("P29", waits, "warning"))
     ctx = RunContext(Target(base_url="http://127.0.0.1:9", workspace=tmp_path), options=RunOptions(node_timeout_s=10))
     result = run(ctx, "P29", waits)
     steps = {s["name"]: s for s in result.evidence["steps"]}
-    assert steps["step 1 'wait_first_attempt'"]["passed"] and "waited 0.05s" in steps["step 1 'wait_first_attempt'"]["message"]
+    assert (
+        steps["step 1 'wait_first_attempt'"]["passed"]
+        and "waited 0.05s" in steps["step 1 'wait_first_attempt'"]["message"]
+    )
     assert not steps["final_verify"]["passed"] and "not supported" in steps["final_verify"]["message"]
     assert not result.passed  # a check we cannot make never passes
 
     # gavmyneb: {workflow: {trigger, poll}, expected_states, terminal}: nothing runnable -> defect, node ERROR, no step run
-    flow = {"workflow": {"trigger": "POST /api/v1/courses/:course_id/content_migrations"}, "expected_states": ["queued"],
-            "terminal": "imported"}
+    flow = {
+        "workflow": {"trigger": "POST /api/v1/courses/:course_id/content_migrations"},
+        "expected_states": ["queued"],
+        "terminal": "imported",
+    }
     loaded = load({"type": "P29", "inputs": flow})
     assert any("state machine" in str(w) for w in loaded.warnings)
     node = _engine_run(loaded, RunContext(Target(base_url="http://127.0.0.1:9", workspace=tmp_path)))
     assert node.status == Status.ERROR and "DAG defect" in node.message and node.steps == []
     with pytest.raises(DagLoadError, match="needs a path"):
-        load_dag_data({"nodes": [{"id": "N", "steps": [{"type": "P29", "inputs": {"steps": [{"name": "x"}]}}],
-                                  "scoring": {"method": "binary", "maxScore": 1}}]})
+        load_dag_data(
+            {
+                "nodes": [
+                    {
+                        "id": "N",
+                        "steps": [{"type": "P29", "inputs": {"steps": [{"name": "x"}]}}],
+                        "scoring": {"method": "binary", "maxScore": 1},
+                    }
+                ]
+            }
+        )

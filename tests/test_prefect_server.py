@@ -117,25 +117,28 @@ def stack(tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SAASBENCH_"))}
-    env.update({
-        "PREFECT_HOME": str(root / "home"),
-        "PREFECT_API_URL": url,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",  # scheduled runs appear within seconds
-        "PREFECT_WORKER_QUERY_SECONDS": "1",  # workers poll the pool every second
-        "PREFECT_CLI_PROMPT": "false",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "SAASBENCH_REPO": str(REPO),  # the pull step's working directory (infra/prefect.yaml)
-        "SAASBENCH_LAKE": str(root / "lake"),
-    })
+    env.update(
+        {
+            "PREFECT_HOME": str(root / "home"),
+            "PREFECT_API_URL": url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",  # scheduled runs appear within seconds
+            "PREFECT_WORKER_QUERY_SECONDS": "1",  # workers poll the pool every second
+            "PREFECT_CLI_PROMPT": "false",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "SAASBENCH_REPO": str(REPO),  # the pull step's working directory (infra/prefect.yaml)
+            "SAASBENCH_LAKE": str(root / "lake"),
+        }
+    )
     procs: list[subprocess.Popen] = []
     logs = root / "logs"
     logs.mkdir()
 
     def start(name: str, args: list[str]) -> subprocess.Popen:
         out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(args, cwd=str(root), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, cwd=str(root), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         out.close()
         procs.append(proc)
         return proc
@@ -156,20 +159,35 @@ def stack(tmp_path_factory):
         server = start("server", [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)])
         wait_until(health, 120, "the Prefect server's /api/health", alive=[(server, "prefect server")])
         run([PREFECT, "work-pool", "create", POOL, "--type", "process"], cwd=str(root))
-        deployed = run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"],
-                       cwd=str(REPO))
-        workers = [start(name, [PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--name", name,
-                                "--limit", "2"]) for name in WORKERS]
+        deployed = run(
+            [PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"], cwd=str(REPO)
+        )
+        workers = [
+            start(
+                name, [PREFECT, "worker", "start", "--pool", POOL, "--type", "process", "--name", name, "--limit", "2"]
+            )
+            for name in WORKERS
+        ]
         with temporary_settings({PREFECT_API_URL: url}):
             from prefect.client.orchestration import get_client
 
             def online() -> bool:
                 with get_client(sync_client=True) as c:
-                    return {w.name for w in c.read_workers_for_work_pool(POOL) if w.status.value == "ONLINE"} >= set(WORKERS)
+                    return {w.name for w in c.read_workers_for_work_pool(POOL) if w.status.value == "ONLINE"} >= set(
+                        WORKERS
+                    )
 
             wait_until(online, 90, "both workers online", alive=[(w, n) for w, n in zip(workers, WORKERS)])
-            yield SimpleNamespace(url=url, root=root, lake=str(root / "lake"), reports=str(root / "reports"),
-                                  workers=workers, server=server, deploy_output=deployed.stdout, logs=logs)
+            yield SimpleNamespace(
+                url=url,
+                root=root,
+                lake=str(root / "lake"),
+                reports=str(root / "reports"),
+                workers=workers,
+                server=server,
+                deploy_output=deployed.stdout,
+                logs=logs,
+            )
     finally:
         stop_all(procs[1:])  # workers first (and the flow-run processes they started) ...
         stop_all(procs[:1])  # ... then the server
@@ -200,7 +218,8 @@ def test_deployments_registered_from_prefect_yaml(stack):
     assert sweep_dep.work_pool_name == POOL
     assert sweep_dep.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
     assert [(s.schedule.cron, s.active, s.parameters) for s in sweep_dep.schedules] == [
-        ("0 3 * * *", False, {"dispatch": "deployment"})]  # the yaml's nightly example
+        ("0 3 * * *", False, {"dispatch": "deployment"})
+    ]  # the yaml's nightly example
     assert sweep_dep.parameters["spec"]["envs_per_host"] == 2
     assert sweep_dep.job_variables["env"]["SAASBENCH_LAKE"] == stack.lake
 
@@ -220,27 +239,41 @@ def test_sweep_split_across_two_workers(stack):
     from saasbench.dag import load_dag
     from saasbench.flows.aggregate import artifact_key
 
-    spec = {"sweep_id": "dist-e2e", "tasks": ["timetrack"], "agents": ["oracle", "nop"], "attempts": 2,
-            "lake": stack.lake, "report_dir": stack.reports, "concurrency": 4, "envs_per_host": 2,
-            "retry_delays": [0]}
+    spec = {
+        "sweep_id": "dist-e2e",
+        "tasks": ["timetrack"],
+        "agents": ["oracle", "nop"],
+        "attempts": 2,
+        "lake": stack.lake,
+        "report_dir": stack.reports,
+        "concurrency": 4,
+        "envs_per_host": 2,
+        "retry_delays": [0],
+    }
     planned = {t.trial_id for t in sw.plan(sw.SweepSpec.model_validate(spec))}
     assert len(planned) == 4
-    parent = run_deployment("sweep/sweep", parameters={"spec": spec, "dispatch": "deployment", "poll_seconds": 1},
-                            timeout=0)
+    parent = run_deployment(
+        "sweep/sweep", parameters={"spec": spec, "dispatch": "deployment", "poll_seconds": 1}, timeout=0
+    )
     parent = wait_final(parent.id, 170)
     assert parent.state.is_completed(), parent.state
 
     # the lake: every planned trial committed exactly once, no duplicated node rows
     assert lakelib.committed_trials(stack.lake, "dist-e2e") == planned
-    per_trial = lakelib.query(stack.lake, "SELECT trial_id, count(*) AS n FROM trials WHERE sweep_id = ? GROUP BY 1",
-                              ["dist-e2e"]).to_pylist()
+    per_trial = lakelib.query(
+        stack.lake, "SELECT trial_id, count(*) AS n FROM trials WHERE sweep_id = ? GROUP BY 1", ["dist-e2e"]
+    ).to_pylist()
     assert sorted(r["trial_id"] for r in per_trial) == sorted(planned) and {r["n"] for r in per_trial} == {1}
     nodes = len(load_dag(load_task("timetrack").dag_path).dag.nodes)
-    node_rows = lakelib.query(stack.lake, "SELECT trial_id, count(*) AS n, count(DISTINCT node_id) AS u "
-                                          "FROM node_results WHERE sweep_id = ? GROUP BY 1", ["dist-e2e"]).to_pylist()
+    node_rows = lakelib.query(
+        stack.lake,
+        "SELECT trial_id, count(*) AS n, count(DISTINCT node_id) AS u FROM node_results WHERE sweep_id = ? GROUP BY 1",
+        ["dist-e2e"],
+    ).to_pylist()
     assert {r["trial_id"]: (r["n"], r["u"]) for r in node_rows} == {t: (nodes, nodes) for t in planned}
-    scores = lakelib.query(stack.lake, "SELECT agent, outcome, task_score FROM trials WHERE sweep_id = ? ORDER BY 1",
-                           ["dist-e2e"]).to_pylist()
+    scores = lakelib.query(
+        stack.lake, "SELECT agent, outcome, task_score FROM trials WHERE sweep_id = ? ORDER BY 1", ["dist-e2e"]
+    ).to_pylist()
     assert [(r["agent"], r["outcome"]) for r in scores] == [("nop", "completed")] * 2 + [("oracle", "completed")] * 2
     assert [r["task_score"] for r in scores if r["agent"] == "oracle"] == [100.0, 100.0]
     assert all(r["task_score"] < 100.0 for r in scores if r["agent"] == "nop")
@@ -248,12 +281,20 @@ def test_sweep_split_across_two_workers(stack):
     # the trials were flow runs of the trial deployment, children of the sweep run, one per trial
     with client() as c:
         trial_dep = c.read_deployment_by_name("trial/trial")
-        runs = [r for r in c.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[trial_dep.id])),
-                                            limit=200)
-                if (r.parameters.get("sweep") or {}).get("sweep_id") == "dist-e2e"]
+        runs = [
+            r
+            for r in c.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[trial_dep.id])), limit=200
+            )
+            if (r.parameters.get("sweep") or {}).get("sweep_id") == "dist-e2e"
+        ]
         assert len(runs) == 4 and all(r.state.is_completed() for r in runs)
         assert {(r.parameters["agent"], r.parameters["attempt"]) for r in runs} == {
-            ("oracle", 0), ("nop", 0), ("oracle", 1), ("nop", 1)}
+            ("oracle", 0),
+            ("nop", 0),
+            ("oracle", 1),
+            ("nop", 1),
+        }
         parent_tasks = {r.parent_task_run_id for r in runs}
         assert None not in parent_tasks
         assert {c.read_task_run(t).flow_run_id for t in parent_tasks} == {parent.id}
@@ -272,7 +313,9 @@ def test_sweep_split_across_two_workers(stack):
         assert set(ran_on.values()) == set(WORKERS), ran_on
 
         # the leaderboard artifact of the sweep, written by the sweep flow run on a worker
-        arts = c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("dist-e2e", "leaderboard")])))
+        arts = c.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("dist-e2e", "leaderboard")]))
+        )
         assert arts and arts[0].type == "markdown" and arts[0].flow_run_id == parent.id
         assert "| oracle / - | 100.0 | 100.0 | 2/2 |" in arts[0].data
 
@@ -292,32 +335,57 @@ def test_scheduled_sweep_run(stack):
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.schedules import IntervalSchedule
 
-    spec = {"sweep_id": "sched-nop", "tasks": ["timetrack"], "agents": ["nop"], "lake": stack.lake,
-            "report_dir": stack.reports, "retry_delays": [0]}
+    spec = {
+        "sweep_id": "sched-nop",
+        "tasks": ["timetrack"],
+        "agents": ["nop"],
+        "lake": stack.lake,
+        "report_dir": stack.reports,
+        "retry_delays": [0],
+    }
     with client() as c:
         dep = c.read_deployment_by_name("sweep/sweep")
         created = c.create_deployment_schedules(
-            dep.id, [(IntervalSchedule(interval=dt.timedelta(seconds=5)), True)], max_scheduled_runs=1,
-            parameters={"spec": spec}, slug="test-every-5s")
+            dep.id,
+            [(IntervalSchedule(interval=dt.timedelta(seconds=5)), True)],
+            max_scheduled_runs=1,
+            parameters={"spec": spec},
+            slug="test-every-5s",
+        )
         try:
+
             def completed_scheduled_run():
                 runs = c.read_flow_runs(
                     deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
-                    flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))),
-                    limit=50)
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED]))
+                    ),
+                    limit=50,
+                )
                 return [r for r in runs if r.auto_scheduled and r.parameters["spec"]["sweep_id"] == "sched-nop"]
 
-            done = wait_until(completed_scheduled_run, 120, "a scheduled sweep run to complete", interval=1,
-                              alive=[(w, n) for w, n in zip(stack.workers, WORKERS)])
+            done = wait_until(
+                completed_scheduled_run,
+                120,
+                "a scheduled sweep run to complete",
+                interval=1,
+                alive=[(w, n) for w, n in zip(stack.workers, WORKERS)],
+            )
         finally:
             for s in created:
                 c.delete_deployment_schedule(dep.id, s.id)
         assert "auto-scheduled" in done[0].tags and done[0].work_pool_name == POOL
         assert lakelib.committed_trials(stack.lake, "sched-nop") == {"timetrack.nop.none.0"}
         # nothing left scheduled from the test schedule (it was deleted)
-        left = [r for r in c.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
-            if r.parameters.get("spec", {}).get("sweep_id") == "sched-nop"]
+        left = [
+            r
+            for r in c.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))
+                ),
+            )
+            if r.parameters.get("spec", {}).get("sweep_id") == "sched-nop"
+        ]
         for r in left:
             c.delete_flow_run(r.id)

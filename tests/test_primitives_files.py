@@ -71,12 +71,15 @@ def test_p01_path_any_of(ws: Path) -> None:
     assert not run("P01", {"path_any_of": ["a", "b"]}, ws).passed
 
 
-@pytest.mark.parametrize("path,needle", [
-    ("/etc/passwd", "absolute"),
-    ("../outside.txt", "escapes the workspace"),
-    ("src/../../outside.txt", "escapes the workspace"),
-    ("..", "escapes the workspace"),
-])
+@pytest.mark.parametrize(
+    "path,needle",
+    [
+        ("/etc/passwd", "absolute"),
+        ("../outside.txt", "escapes the workspace"),
+        ("src/../../outside.txt", "escapes the workspace"),
+        ("..", "escapes the workspace"),
+    ],
+)
 def test_p01_refuses_paths_outside_the_workspace(ws: Path, path: str, needle: str) -> None:
     write(ws.parent, "outside.txt", "secret")
     result = run("P01", {"path": path}, ws)
@@ -140,7 +143,9 @@ def test_p02_contains_is_case_sensitive(ws: Path) -> None:
 def test_p02_regex_is_multiline(ws: Path) -> None:
     result = run("P02", {"path": "src/app/main.py", "pattern": r"^class Project\b", "match_type": "regex"}, ws)
     assert result.passed and result.value == {"file": "src/app/main.py", "line": 3}
-    assert run("P02", {"path": "requirements.txt", "pattern": "(?i)(sqlalchemy|alembic)", "match_type": "regex"}, ws).passed
+    assert run(
+        "P02", {"path": "requirements.txt", "pattern": "(?i)(sqlalchemy|alembic)", "match_type": "regex"}, ws
+    ).passed
 
 
 def test_p02_invalid_regex_fails_the_step(ws: Path) -> None:
@@ -160,7 +165,9 @@ def test_p02_walks_directories_skipping_node_modules(ws: Path) -> None:
 
 def test_p02_allowed_exts(ws: Path) -> None:
     assert not run("P02", {"path": "src", "pattern": "export", "allowed_exts": [".py"]}, ws).passed
-    assert run("P02", {"path": "src", "pattern": "export", "allowed_exts": ["tsx"]}, ws).evidence["matched"] == ["src/web/view.tsx"]
+    assert run("P02", {"path": "src", "pattern": "export", "allowed_exts": ["tsx"]}, ws).evidence["matched"] == [
+        "src/web/view.tsx"
+    ]
 
 
 def test_p02_skips_binary_and_large_files_in_walks(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,13 +256,16 @@ def test_p03_counts_files_only(ws: Path) -> None:
     assert run("P03", {"glob": "src/*"}, ws).value == 0  # src holds only directories
 
 
-@pytest.mark.parametrize("inputs,needle", [
-    ({"glob": "../*"}, "escapes the workspace"),
-    ({"glob": "/etc/*"}, "absolute"),
-    ({"glob": "*", "base_dir": "/etc"}, "absolute"),
-    ({"glob": "../../*", "base_dir": "src"}, "escapes the workspace"),
-    ({"glob": "{a,../b}/*"}, "escapes the workspace"),
-])
+@pytest.mark.parametrize(
+    "inputs,needle",
+    [
+        ({"glob": "../*"}, "escapes the workspace"),
+        ({"glob": "/etc/*"}, "absolute"),
+        ({"glob": "*", "base_dir": "/etc"}, "absolute"),
+        ({"glob": "../../*", "base_dir": "src"}, "escapes the workspace"),
+        ({"glob": "{a,../b}/*"}, "escapes the workspace"),
+    ],
+)
 def test_p03_refuses_escapes(ws: Path, inputs: dict[str, Any], needle: str) -> None:
     result = run("P03", inputs, ws)
     assert not result.passed and needle in result.message
@@ -283,12 +293,20 @@ def _node(steps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_legacy_inputs_are_normalised_and_listed() -> None:
-    result = load_dag_data({"nodes": [_node([
-        {"type": "P01", "inputs": {"path": ["a", "b"], "type": "directory"}},
-        {"type": "P02", "inputs": {"path": "src/", "regex": "x+", "alt_paths": ["lib/"]}},
-        {"type": "P02", "inputs": {"path": "a", "pattern": "x", "case_sensitive": False}},
-        {"type": "P03", "inputs": {"pattern": "**/*.sql", "min_count": 2, "base_dir": ["db", "sql"]}},
-    ])]})
+    result = load_dag_data(
+        {
+            "nodes": [
+                _node(
+                    [
+                        {"type": "P01", "inputs": {"path": ["a", "b"], "type": "directory"}},
+                        {"type": "P02", "inputs": {"path": "src/", "regex": "x+", "alt_paths": ["lib/"]}},
+                        {"type": "P02", "inputs": {"path": "a", "pattern": "x", "case_sensitive": False}},
+                        {"type": "P03", "inputs": {"pattern": "**/*.sql", "min_count": 2, "base_dir": ["db", "sql"]}},
+                    ]
+                )
+            ]
+        }
+    )
     messages = [i.message for i in result.normalisations]
     assert any("P01: 'path' given as a list" in m for m in messages)
     assert any("type 'directory' -> 'dir'" in m for m in messages)
@@ -302,7 +320,12 @@ def test_legacy_inputs_are_normalised_and_listed() -> None:
 
     spec = REGISTRY.spec("P03")
     model = spec.inputs.model_validate({"pattern": "**/*.sql", "min_count": 2, "base_dir": ["db", "sql"]})
-    assert (model.glob, model.min_expected, model.base_dir, model.base_dir_any_of) == ("**/*.sql", 2, None, ["db", "sql"])
+    assert (model.glob, model.min_expected, model.base_dir, model.base_dir_any_of) == (
+        "**/*.sql",
+        2,
+        None,
+        ["db", "sql"],
+    )
     p02 = REGISTRY.spec("P02").inputs.model_validate({"path": "a", "pattern": "x", "case_sensitive": False})
     assert p02.match_type == "icontains"
 
@@ -311,7 +334,9 @@ def test_bad_inputs_are_load_errors() -> None:
     from saasbench.dag import DagLoadError
 
     with pytest.raises(DagLoadError) as err:
-        load_dag_data({"nodes": [_node([{"type": "P02", "inputs": {"path": "a", "pattern": "x", "match_type": "fuzzy"}}])]})
+        load_dag_data(
+            {"nodes": [_node([{"type": "P02", "inputs": {"path": "a", "pattern": "x", "match_type": "fuzzy"}}])]}
+        )
     assert any("match_type" in (i.field or "") for i in err.value.issues)
     with pytest.raises(DagLoadError):
         load_dag_data({"nodes": [_node([{"type": "P01", "inputs": {"type": "file"}}])]})
@@ -325,8 +350,18 @@ def test_unknown_input_keys_are_warnings() -> None:
 def test_placeholders_in_paths_resolve_through_the_engine(ws: Path) -> None:
     from saasbench.evaluation.engine import Engine
 
-    dag = load_dag_data({"nodes": [_node([{"type": "P01", "inputs": {"path": "{{readme}}"}},
-                                          {"type": "P03", "inputs": {"glob": "${SRC_DIR:-src}/**/*.py", "min_expected": 2}}])]}).dag
+    dag = load_dag_data(
+        {
+            "nodes": [
+                _node(
+                    [
+                        {"type": "P01", "inputs": {"path": "{{readme}}"}},
+                        {"type": "P03", "inputs": {"glob": "${SRC_DIR:-src}/**/*.py", "min_expected": 2}},
+                    ]
+                )
+            ]
+        }
+    ).dag
     ctx = RunContext(Target(workspace=ws), variables={"readme": "README.md"})
     report = Engine(dag, ctx).run()
     assert report.nodes[0].status.value == "PASSED", report.nodes[0].message

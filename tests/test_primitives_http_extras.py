@@ -53,7 +53,9 @@ class AppState:
         self.enforce_max_access = True
         self.counter = 0
         with sqlite3.connect(db_path) as con:
-            con.execute("CREATE TABLE sends (uuid TEXT PRIMARY KEY, access_id TEXT, access_count INTEGER, max_access_count INTEGER)")
+            con.execute(
+                "CREATE TABLE sends (uuid TEXT PRIMARY KEY, access_id TEXT, access_count INTEGER, max_access_count INTEGER)"
+            )
 
     def next_id(self, prefix: str) -> str:
         with self.lock:
@@ -95,7 +97,9 @@ class Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _multipart(self, raw: bytes) -> tuple[dict[str, str], dict[str, tuple[str, bytes, str]]]:
-        message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + raw)
+        message = BytesParser(policy=HTTP).parsebytes(
+            b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n" + raw
+        )
         fields, files = {}, {}
         for part in message.iter_parts():
             name = part.get_param("name", header="content-disposition")
@@ -113,7 +117,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"x" * 200_000, "application/octet-stream", length=False)
             return
         if url.path.startswith("/files/"):
-            key = url.path[len("/files/"):]
+            key = url.path[len("/files/") :]
             if key not in self.state.files:
                 self._send(404, {"message": "no such file"})
                 return
@@ -165,8 +169,19 @@ class Handler(BaseHTTPRequestHandler):
             first = _string_arg(query, "firstName")
             self._send(200, {"data": {"createPerson": {"id": "p-1", "name": {"firstName": first}}}})
         elif "people" in query:
-            self._send(200, {"data": {"people": {"edges": [{"node": {"id": "p-1", "name": {"firstName": "GQL"}}},
-                                                           {"node": {"id": "p-2", "name": {"firstName": "Other"}}}]}}})
+            self._send(
+                200,
+                {
+                    "data": {
+                        "people": {
+                            "edges": [
+                                {"node": {"id": "p-1", "name": {"firstName": "GQL"}}},
+                                {"node": {"id": "p-2", "name": {"firstName": "Other"}}},
+                            ]
+                        }
+                    }
+                },
+            )
         elif "whoami" in query:
             self._send(200, {"data": {"whoami": self.headers.get("Authorization")}})
         elif "echoVars" in query:
@@ -213,17 +228,30 @@ class Handler(BaseHTTPRequestHandler):
         access_id = self.state.next_id("acc")
         with sqlite3.connect(self.state.db_path) as con:
             con.execute("INSERT INTO sends VALUES (?, ?, 0, ?)", (send_id, access_id, body.get("maxAccessCount")))
-        self._send(200, {"id": send_id, "accessId": access_id, "object": "send", "name": body.get("name"),
-                         "maxAccessCount": body.get("maxAccessCount"), "deletionDate": body.get("deletionDate")})
+        self._send(
+            200,
+            {
+                "id": send_id,
+                "accessId": access_id,
+                "object": "send",
+                "name": body.get("name"),
+                "maxAccessCount": body.get("maxAccessCount"),
+                "deletionDate": body.get("deletionDate"),
+            },
+        )
 
     def _access_send(self, access_id: str) -> None:
         with sqlite3.connect(self.state.db_path) as con:
-            row = con.execute("SELECT uuid, access_count, max_access_count FROM sends WHERE access_id = ?", (access_id,)).fetchone()
+            row = con.execute(
+                "SELECT uuid, access_count, max_access_count FROM sends WHERE access_id = ?", (access_id,)
+            ).fetchone()
             if row is None or (self.state.enforce_max_access and row[2] is not None and row[1] >= row[2]):
                 self._send(404, {"message": "Send not found"})
                 return
             con.execute("UPDATE sends SET access_count = access_count + 1 WHERE access_id = ?", (access_id,))
-        self._send(200, {"object": "send-access", "id": row[0], "authenticated": self.headers.get("Authorization") is not None})
+        self._send(
+            200, {"object": "send-access", "id": row[0], "authenticated": self.headers.get("Authorization") is not None}
+        )
 
 
 # --- fixtures --------------------------------------------------------------------------------------
@@ -240,11 +268,19 @@ def app(tmp_path: Path) -> Iterator[tuple[str, AppState]]:
 
 
 def make_ctx(base_url: str, db_path: Path | None = None) -> RunContext:
-    profile = AuthProfile.model_validate({"schemes": {"key": {"kind": "api_key", "api_key_header": "Authorization"}},
-                                          "users": {"admin": {"api_key": f"Bearer {ADMIN_TOKEN}"}}})
+    profile = AuthProfile.model_validate(
+        {
+            "schemes": {"key": {"kind": "api_key", "api_key_header": "Authorization"}},
+            "users": {"admin": {"api_key": f"Bearer {ADMIN_TOKEN}"}},
+        }
+    )
     target = Target(base_url=base_url, db_dsn=f"sqlite:///{db_path}" if db_path else None)
-    return RunContext(target, options=RunOptions(http_timeout_s=10.0), auth_profile=profile,
-                      variables={"admin_token": ADMIN_TOKEN, "deletion_date": "2030-01-01T00:00:00Z"})
+    return RunContext(
+        target,
+        options=RunOptions(http_timeout_s=10.0),
+        auth_profile=profile,
+        variables={"admin_token": ADMIN_TOKEN, "deletion_date": "2030-01-01T00:00:00Z"},
+    )
 
 
 @pytest.fixture
@@ -265,12 +301,20 @@ def run(ctx: RunContext, code: str, raw: dict[str, Any]) -> StepResult:
 
 
 def normalisations(code: str, inputs: dict[str, Any]) -> list[str]:
-    dag = {"nodes": [{"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    dag = {
+        "nodes": [
+            {"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}
+        ]
+    }
     return [i.message.removeprefix(f"{code}: ") for i in load_dag_data(dag).issues if i.kind == "normalisation"]
 
 
 def load_errors(code: str, inputs: dict[str, Any]) -> list[str]:
-    dag = {"nodes": [{"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    dag = {
+        "nodes": [
+            {"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}
+        ]
+    }
     with pytest.raises(DagLoadError) as info:
         load_dag_data(dag)
     return [str(i) for i in info.value.issues]
@@ -287,9 +331,16 @@ def test_p22_placeholders_in_string_literals_are_escaped(ctx: RunContext, app: t
     _, state = app
     hostile = 'Ann" } }) { id } evil: deleteAll { x } #\\\n'
     ctx.capture("first", hostile)
-    r = run(ctx, "P22", {"endpoint": "/graphql",
-                         "query": 'mutation { createPerson(data: { name: { firstName: "{{first}}" } }) { id name { firstName } } }',
-                         "store_as": {"pid": "$.data.createPerson.id"}, "expect_no_errors": True})
+    r = run(
+        ctx,
+        "P22",
+        {
+            "endpoint": "/graphql",
+            "query": 'mutation { createPerson(data: { name: { firstName: "{{first}}" } }) { id name { firstName } } }',
+            "store_as": {"pid": "$.data.createPerson.id"},
+            "expect_no_errors": True,
+        },
+    )
     assert r.passed, r.message
     assert "deleteAll" not in state.last_graphql["query"].split('"')[0]  # the value stayed inside the literal
     assert ctx.vars["pid"] == "p-1" and ctx.last_created_id == "p-1"
@@ -299,11 +350,23 @@ def test_p22_placeholders_in_string_literals_are_escaped(ctx: RunContext, app: t
 
 def test_p22_store_as_find_form_and_missing_capture(ctx: RunContext) -> None:
     q = "{ people(first: 5) { edges { node { id name { firstName } } } } }"
-    r = run(ctx, "P22", {"query": q, "store_as": {"other": {"from": "$.data.people.edges", "find": {"node.name.firstName": "Other"},
-                                                            "extract": "node.id"}}})
+    r = run(
+        ctx,
+        "P22",
+        {
+            "query": q,
+            "store_as": {
+                "other": {"from": "$.data.people.edges", "find": {"node.name.firstName": "Other"}, "extract": "node.id"}
+            },
+        },
+    )
     assert r.passed, r.message
     assert ctx.vars["other"] == "p-2"
-    r = run(ctx, "P22", {"query": q, "store_as": {"nobody": {"from": "$.data.people.edges", "find": {"node.name.firstName": "Zed"}}}})
+    r = run(
+        ctx,
+        "P22",
+        {"query": q, "store_as": {"nobody": {"from": "$.data.people.edges", "find": {"node.name.firstName": "Zed"}}}},
+    )
     assert not r.passed and "store_as nobody" in r.message and "no element" in r.message
     r = run(ctx, "P22", {"query": q, "store_as": {"gone": "$.data.people.pageInfo"}})
     assert not r.passed and "store_as gone" in r.message
@@ -326,8 +389,16 @@ def test_p22_400_with_errors_body(ctx: RunContext) -> None:
     r = run(ctx, "P22", step)
     assert r.passed, r.message
     assert ctx.last_response is not None and ctx.last_response.status == 400
-    p07 = run(ctx, "P07", {"assertions": [{"path": "$.data", "expected": None},
-                                          {"path": "$.errors[0].extensions.code", "expected": "FORBIDDEN"}]})
+    p07 = run(
+        ctx,
+        "P07",
+        {
+            "assertions": [
+                {"path": "$.data", "expected": None},
+                {"path": "$.errors[0].extensions.code", "expected": "FORBIDDEN"},
+            ]
+        },
+    )
     assert p07.passed, p07.message
     r = run(ctx, "P22", {**step, "expect_no_errors": True})
     assert not r.passed and "FORBIDDEN" in r.message and "status 400" in r.message
@@ -353,7 +424,15 @@ def test_p22_identity_token_and_variables(ctx: RunContext, app: tuple[str, AppSt
     run(ctx, "P22", {"query": "{ whoami }", "token": "other"})
     assert ctx.last_response.body["data"]["whoami"] == "Bearer other"
     ctx.capture("n", 7)
-    run(ctx, "P22", {"query": "query Q($n: Int) { echoVars(n: $n) }", "variables": {"n": "{{n}}", "s": 'a"b'}, "operation_name": "Q"})
+    run(
+        ctx,
+        "P22",
+        {
+            "query": "query Q($n: Int) { echoVars(n: $n) }",
+            "variables": {"n": "{{n}}", "s": 'a"b'},
+            "operation_name": "Q",
+        },
+    )
     assert state.last_graphql["variables"] == {"n": 7, "s": 'a"b'} and state.last_graphql["operationName"] == "Q"
 
 
@@ -372,14 +451,19 @@ def test_p22_placeholder_rules(ctx: RunContext) -> None:
     assert not r.passed and "outside a GraphQL string literal" in r.message
     ctx.capture("limit", 5)
     ctx.capture("stage", "DRAFT")
-    assert render_graphql(ctx, "{ a(first: {{limit}}, s: {{stage}}, t: {{flag}}) }".replace("{{flag}}", "true")) == "{ a(first: 5, s: DRAFT, t: true) }"
+    assert (
+        render_graphql(ctx, "{ a(first: {{limit}}, s: {{stage}}, t: {{flag}}) }".replace("{{flag}}", "true"))
+        == "{ a(first: 5, s: DRAFT, t: true) }"
+    )
 
 
 def test_render_graphql_literals_blocks_and_comments() -> None:
     ctx = RunContext(Target(), variables={"v": 'q"u\\o\nte', "b": 'x"""y'})
     assert render_graphql(ctx, 'a(s: "{{v}}")') == 'a(s: "q\\"u\\\\o\\nte")'
     assert render_graphql(ctx, 'a(s: """{{b}}""")') == 'a(s: """x\\"""y""")'
-    assert render_graphql(ctx, 'a(s: "x\\"{{v}}")') == 'a(s: "x\\"q\\"u\\\\o\\nte")'  # an escaped quote does not end the literal
+    assert (
+        render_graphql(ctx, 'a(s: "x\\"{{v}}")') == 'a(s: "x\\"q\\"u\\\\o\\nte")'
+    )  # an escaped quote does not end the literal
     assert render_graphql(ctx, "# {{nope}} comment\n{ a }") == "# {{nope}} comment\n{ a }"
     assert render_graphql(ctx, "query($id: ID!) { a(id: $id) }") == "query($id: ID!) { a(id: $id) }"
     with pytest.raises(UnresolvedPlaceholder):
@@ -396,8 +480,15 @@ def test_p22_load_time_model() -> None:
 def test_p23_real_dag_upload_runs(ctx: RunContext, app: tuple[str, AppState]) -> None:
     """fpumriig FILE_UPLOAD inputs, verbatim."""
     _, state = app
-    inputs = {"upload": {"method": "POST", "path": "/file/upload", "file_name": "test.txt", "file_content": "base64:dGVzdA==",
-                         "content_type": "text/plain"}}
+    inputs = {
+        "upload": {
+            "method": "POST",
+            "path": "/file/upload",
+            "file_name": "test.txt",
+            "file_content": "base64:dGVzdA==",
+            "content_type": "text/plain",
+        }
+    }
     r = run(ctx, "P23", inputs)
     assert r.passed, r.message
     assert state.last_upload["name"] == "test.txt" and state.last_upload["field"] == "file"
@@ -408,9 +499,17 @@ def test_p23_upload_then_download_same_bytes(ctx: RunContext, app: tuple[str, Ap
     _, state = app
     import base64
 
-    inputs = {"upload": {"path": "/upload", "file_name": "pic.bin", "file_content": "base64:" + base64.b64encode(PNG_BYTES).decode(),
-                         "content_type": "application/octet-stream", "file_field": "attachment", "fields": {"folder": "eval", "n": 3}},
-              "download": {"path": "/files/{{id}}", "expect_same_content": True}}
+    inputs = {
+        "upload": {
+            "path": "/upload",
+            "file_name": "pic.bin",
+            "file_content": "base64:" + base64.b64encode(PNG_BYTES).decode(),
+            "content_type": "application/octet-stream",
+            "file_field": "attachment",
+            "fields": {"folder": "eval", "n": 3},
+        },
+        "download": {"path": "/files/{{id}}", "expect_same_content": True},
+    }
     r = run(ctx, "P23", inputs)
     assert r.passed, r.message
     assert state.last_upload["field"] == "attachment" and state.last_upload["fields"] == {"folder": "eval", "n": "3"}
@@ -442,18 +541,28 @@ def test_p23_status_anonymous_and_graphql_upload(ctx: RunContext, app: tuple[str
     _, state = app
     r = run(ctx, "P23", {"upload": {"path": "/upload", "file_name": "a.txt"}, "token": ""})
     assert not r.passed and "-> 401" in r.message and "expected 2xx" in r.message
-    assert run(ctx, "P23", {"upload": {"path": "/upload", "file_name": "a.txt", "expected_status": [401]}, "token": ""}).passed
-    gql = {"upload": {"file_name": "logo.png", "graphql": {"endpoint": "/metadata",
-                                                          "query": "mutation($file: Upload!) { uploadFile(file: $file) }"}},
-           "download": {"path": "/files/{{id}}"}}
+    assert run(
+        ctx, "P23", {"upload": {"path": "/upload", "file_name": "a.txt", "expected_status": [401]}, "token": ""}
+    ).passed
+    gql = {
+        "upload": {
+            "file_name": "logo.png",
+            "graphql": {"endpoint": "/metadata", "query": "mutation($file: Upload!) { uploadFile(file: $file) }"},
+        },
+        "download": {"path": "/files/{{id}}"},
+    }
     r = run(ctx, "P23", gql)
     assert r.passed, r.message
-    assert state.last_upload["map"] == {"0": ["variables.file"]} and state.last_upload["operations"]["variables"] == {"file": None}
+    assert state.last_upload["map"] == {"0": ["variables.file"]} and state.last_upload["operations"]["variables"] == {
+        "file": None
+    }
     assert state.files[ctx.vars["created_id"]][0].startswith(b"\x89PNG")  # a real sample image for an image name
 
 
 def test_p23_inputs_normalisation_and_validation() -> None:
-    notes = normalisations("P23", {"method": "POST", "path": "/up", "filename": "x.txt", "field_name": "f", "extra_fields": {"a": 1}})
+    notes = normalisations(
+        "P23", {"method": "POST", "path": "/up", "filename": "x.txt", "field_name": "f", "extra_fields": {"a": 1}}
+    )
     assert "flat upload keys -> upload: {...}" in notes
     assert {"'filename' -> 'file_name'", "'field_name' -> 'file_field'", "'extra_fields' -> 'fields'"} <= set(notes)
     assert any("base64" in e for e in load_errors("P23", {"upload": {"path": "/u", "file_content": "base64:!!!"}}))
@@ -461,26 +570,66 @@ def test_p23_inputs_normalisation_and_validation() -> None:
 
 # === P26 ===========================================================================================
 def test_p26_counts_contains_and_absent(ctx: RunContext, app: tuple[str, AppState]) -> None:
-    r = run(ctx, "P26", {"path": "/api/search", "query": "eval", "expect_min_results": 2,
-                         "expect_contains": ["EVALCORP", {"owner.email": "bob@eval.test"}, 12], "expect_absent": ["Acme"]})
+    r = run(
+        ctx,
+        "P26",
+        {
+            "path": "/api/search",
+            "query": "eval",
+            "expect_min_results": 2,
+            "expect_contains": ["EVALCORP", {"owner.email": "bob@eval.test"}, 12],
+            "expect_absent": ["Acme"],
+        },
+    )
     assert r.passed, r.message
     assert r.evidence["results_path"] == "$.data" and r.evidence["result_count"] == 2
-    r = run(ctx, "P26", {"path": "/api/search", "query": "eval", "expect_absent": ["Two"], "expect_contains": ["Acme"],
-                         "expect_max_results": 1})
+    r = run(
+        ctx,
+        "P26",
+        {
+            "path": "/api/search",
+            "query": "eval",
+            "expect_absent": ["Two"],
+            "expect_contains": ["Acme"],
+            "expect_max_results": 1,
+        },
+    )
     assert not r.passed
-    assert "no result contains \"Acme\"" in r.message and "must be absent" in r.message and "at most 1" in r.message
-    assert run(ctx, "P07", {"assertions": [{"path": "$.total", "expected": 2}]}).passed  # the response is the last response
+    assert 'no result contains "Acme"' in r.message and "must be absent" in r.message and "at most 1" in r.message
+    assert run(
+        ctx, "P07", {"assertions": [{"path": "$.total", "expected": 2}]}
+    ).passed  # the response is the last response
 
 
 def test_p26_query_is_encoded_and_other_shapes(ctx: RunContext, app: tuple[str, AppState]) -> None:
     _, state = app
-    r = run(ctx, "P26", {"endpoint": "/api/search", "query": "a&b=c#d", "params": {"page": 1}, "expect_min_results": 1,
-                         "expect_first_contains": [{"id": 4}]})
+    r = run(
+        ctx,
+        "P26",
+        {
+            "endpoint": "/api/search",
+            "query": "a&b=c#d",
+            "params": {"page": 1},
+            "expect_min_results": 1,
+            "expect_first_contains": [{"id": 4}],
+        },
+    )
     assert r.passed, r.message
     assert state.last_search["q"] == "a&b=c#d" and state.last_search["extra"]["page"] == ["1"]
-    assert run(ctx, "P26", {"path": "/api/search-nested", "query": "eval", "expect_min_results": 2}).evidence["results_path"] == "$.hits.hits"
-    assert run(ctx, "P26", {"path": "/api/search-nested", "query": "eval", "results_path": "$.hits.hits", "expect_contains": ["Two"]}).passed
-    assert run(ctx, "P26", {"path": "/api/search", "method": "POST", "query": "acme", "expect_first_contains": ["carl@"]}).passed
+    assert (
+        run(ctx, "P26", {"path": "/api/search-nested", "query": "eval", "expect_min_results": 2}).evidence[
+            "results_path"
+        ]
+        == "$.hits.hits"
+    )
+    assert run(
+        ctx,
+        "P26",
+        {"path": "/api/search-nested", "query": "eval", "results_path": "$.hits.hits", "expect_contains": ["Two"]},
+    ).passed
+    assert run(
+        ctx, "P26", {"path": "/api/search", "method": "POST", "query": "acme", "expect_first_contains": ["carl@"]}
+    ).passed
     r = run(ctx, "P26", {"path": "/api/search-nested", "query": "eval", "results_path": "$.hits.total"})
     assert not r.passed and "not a list" in r.message
     r = run(ctx, "P26", {"path": "/api/nothing", "query": "x"})
@@ -488,7 +637,14 @@ def test_p26_query_is_encoded_and_other_shapes(ctx: RunContext, app: tuple[str, 
 
 
 def test_p26_legacy_expected_results() -> None:
-    notes = normalisations("P26", {"path": "/api/search", "params": {"q": "x"}, "expected_results": {"min_count": 1, "first_result_contains": "x"}})
+    notes = normalisations(
+        "P26",
+        {
+            "path": "/api/search",
+            "params": {"q": "x"},
+            "expected_results": {"min_count": 1, "first_result_contains": "x"},
+        },
+    )
     assert any("expected_results" in n for n in notes)
     assert any("not understood" in e for e in load_errors("P26", {"expected_results": {"nonsense": 1}}))
 
@@ -529,7 +685,10 @@ def test_p29_broken_app_names_the_failing_steps(ctx: RunContext, app: tuple[str,
 def test_p29_hostile_captured_id_is_bound_not_spliced(ctx: RunContext, app: tuple[str, AppState]) -> None:
     _, state = app
     inputs = _real_p29_inputs()
-    inputs = {**inputs, "entity_setup": {**inputs["entity_setup"], "body": {**inputs["entity_setup"]["body"], "name": "hostile"}}}
+    inputs = {
+        **inputs,
+        "entity_setup": {**inputs["entity_setup"], "body": {**inputs["entity_setup"]["body"], "name": "hostile"}},
+    }
     r = run(ctx, "P29", inputs)
     assert r.passed, r.message
     assert r.value["id"] == HOSTILE_ID
@@ -541,15 +700,40 @@ def test_p29_hostile_captured_id_is_bound_not_spliced(ctx: RunContext, app: tupl
 
 def test_p29_step_features(ctx: RunContext, app: tuple[str, AppState]) -> None:
     _, state = app
-    setup = {"method": "POST", "path": "/api/sends", "body": {"name": "s", "maxAccessCount": 5}, "token": "{{admin_token}}"}
-    r = run(ctx, "P29", {"entity_setup": setup, "steps": [
-        {"name": "one", "method": "POST", "path": "/api/sends/access/{{accessId}}",
-         "expect_state": [{"path": "$.object", "value": "send-access"}, {"path": "$.id", "value": "{{id}}"},
-                          {"path": "$.authenticated", "op": "equals", "expected": True}]},
-        {"name": "two", "method": "POST", "path": "/api/sends/access/{{setup.accessId}}", "token": "explicit",
-         "expected_status": [200], "expect_state": {"path": "$.id", "value": "{{one.body.id}}"}},
-        {"name": "three", "method": "POST", "path": "/api/sends/access/{{nowhere}}", "expect_status": 200},
-    ]})
+    setup = {
+        "method": "POST",
+        "path": "/api/sends",
+        "body": {"name": "s", "maxAccessCount": 5},
+        "token": "{{admin_token}}",
+    }
+    r = run(
+        ctx,
+        "P29",
+        {
+            "entity_setup": setup,
+            "steps": [
+                {
+                    "name": "one",
+                    "method": "POST",
+                    "path": "/api/sends/access/{{accessId}}",
+                    "expect_state": [
+                        {"path": "$.object", "value": "send-access"},
+                        {"path": "$.id", "value": "{{id}}"},
+                        {"path": "$.authenticated", "op": "equals", "expected": True},
+                    ],
+                },
+                {
+                    "name": "two",
+                    "method": "POST",
+                    "path": "/api/sends/access/{{setup.accessId}}",
+                    "token": "explicit",
+                    "expected_status": [200],
+                    "expect_state": {"path": "$.id", "value": "{{one.body.id}}"},
+                },
+                {"name": "three", "method": "POST", "path": "/api/sends/access/{{nowhere}}", "expect_status": 200},
+            ],
+        },
+    )
     assert not r.passed
     assert r.value["steps_passed"] == 3 and r.value["steps_total"] == 4
     assert "step 3 'three'" in r.message and "{{nowhere}}" in r.message
@@ -558,9 +742,13 @@ def test_p29_step_features(ctx: RunContext, app: tuple[str, AppState]) -> None:
 
 
 def test_p29_refuses_captured_off_origin_urls_and_bad_setup(ctx: RunContext) -> None:
-    r = run(ctx, "P29", {"entity_setup": {"path": "/api/redirecting"}, "steps": [{"method": "GET", "path": "{{next}}"}]})
+    r = run(
+        ctx, "P29", {"entity_setup": {"path": "/api/redirecting"}, "steps": [{"method": "GET", "path": "{{next}}"}]}
+    )
     assert not r.passed and "outside the app's origin" in r.message
-    r = run(ctx, "P29", {"entity_setup": {"path": "/api/sends", "body": {}, "token": ""}, "steps": [{"path": "/x/{{id}}"}]})
+    r = run(
+        ctx, "P29", {"entity_setup": {"path": "/api/sends", "body": {}, "token": ""}, "steps": [{"path": "/x/{{id}}"}]}
+    )
     assert not r.passed and "entity_setup" in r.message and "expected [200, 201]" in r.message and "{{id}}" in r.message
 
 
@@ -586,14 +774,26 @@ def test_p29_inputs_validation() -> None:
         assert not step.model_extra, step.model_extra  # every nested key of the real DAG is understood
     assert not model.final_verify.model_extra and model.final_verify.db_query.startswith("SELECT")
     assert model.steps[0].expect_state[0].expected == "send-access" and model.steps[0].expect_state[0].op == "equals"
-    literal = REGISTRY.spec("P29").inputs.model_validate({"steps": [{"path": "/x", "expect_state": {"path": "$.kind", "value": "array"}}]})
+    literal = REGISTRY.spec("P29").inputs.model_validate(
+        {"steps": [{"path": "/x", "expect_state": {"path": "$.kind", "value": "array"}}]}
+    )
     assert literal.steps[0].expect_state[0].op == "equals"  # not P07's magic "array" -> is_array
     # nothing to run is a DAG defect (gavmyneb has one): the file loads, a warning names it, the node will be ERROR
-    empty = {"nodes": [{"id": "N", "steps": [{"type": "P29", "inputs": {"steps": []}}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    empty = {
+        "nodes": [
+            {
+                "id": "N",
+                "steps": [{"type": "P29", "inputs": {"steps": []}}],
+                "scoring": {"method": "binary", "maxScore": 1},
+            }
+        ]
+    }
     loaded = load_dag_data(empty)
     assert any("checks nothing" in str(w) for w in loaded.warnings) and loaded.dag.nodes[0].steps[0].defect
     assert any("expect_status" in e for e in load_errors("P29", {"steps": [{"path": "/x", "expect_status": 99}]}))
-    assert "'sql' -> 'db_query'" in normalisations("P29", {"steps": [{"path": "/x"}], "final_verify": {"sql": "SELECT 1"}})
+    assert "'sql' -> 'db_query'" in normalisations(
+        "P29", {"steps": [{"path": "/x"}], "final_verify": {"sql": "SELECT 1"}}
+    )
 
 
 def test_nested_keys_of_real_p22_p23_inputs_are_understood() -> None:
@@ -617,15 +817,50 @@ def test_nested_keys_of_real_p22_p23_inputs_are_understood() -> None:
 def test_engine_runs_p29_and_p22_nodes(app: tuple[str, AppState]) -> None:
     base, state = app
     inputs = _real_p29_inputs()
-    dag = load_dag_data({"nodes": [
-        {"id": "LOGIN", "steps": [{"type": "P13", "inputs": {"role": "admin"}}], "scoring": {"method": "binary", "maxScore": 0}},
-        {"id": "SEND", "prereqs": ["LOGIN"], "steps": [{"type": "P29", "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 5}},
-        {"id": "GQL", "prereqs": ["LOGIN"], "steps": [
-            {"type": "P22", "inputs": {"query": '{ people { edges { node { id } } } }', "store_as": {"pid": "$.data.people.edges[0].node.id"}}},
-            {"type": "P22", "inputs": {"query": 'mutation { createPerson(data: { name: { firstName: "{{pid}}" } }) { id } }', "expect_no_errors": True}},
-            {"type": "P07", "inputs": {"assertions": [{"path": "$.data.createPerson.name.firstName", "expected": "p-1"}]}},
-        ], "scoring": {"method": "weighted", "maxScore": 3}},
-    ]}).dag
+    dag = load_dag_data(
+        {
+            "nodes": [
+                {
+                    "id": "LOGIN",
+                    "steps": [{"type": "P13", "inputs": {"role": "admin"}}],
+                    "scoring": {"method": "binary", "maxScore": 0},
+                },
+                {
+                    "id": "SEND",
+                    "prereqs": ["LOGIN"],
+                    "steps": [{"type": "P29", "inputs": inputs}],
+                    "scoring": {"method": "binary", "maxScore": 5},
+                },
+                {
+                    "id": "GQL",
+                    "prereqs": ["LOGIN"],
+                    "steps": [
+                        {
+                            "type": "P22",
+                            "inputs": {
+                                "query": "{ people { edges { node { id } } } }",
+                                "store_as": {"pid": "$.data.people.edges[0].node.id"},
+                            },
+                        },
+                        {
+                            "type": "P22",
+                            "inputs": {
+                                "query": 'mutation { createPerson(data: { name: { firstName: "{{pid}}" } }) { id } }',
+                                "expect_no_errors": True,
+                            },
+                        },
+                        {
+                            "type": "P07",
+                            "inputs": {
+                                "assertions": [{"path": "$.data.createPerson.name.firstName", "expected": "p-1"}]
+                            },
+                        },
+                    ],
+                    "scoring": {"method": "weighted", "maxScore": 3},
+                },
+            ]
+        }
+    ).dag
     ctx = make_ctx(base, state.db_path)
     report = Engine(dag, ctx).run()
     ctx.close()

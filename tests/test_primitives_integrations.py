@@ -70,7 +70,11 @@ class App:
                 route = urlsplit(self.path).path
                 if route == "/orders":
                     event = body.get("event", "order.created")
-                    app.later(app.deliver, body["webhook_url"], {"event": event, "data": {"id": body["order_id"], "total": 42}})
+                    app.later(
+                        app.deliver,
+                        body["webhook_url"],
+                        {"event": event, "data": {"id": body["order_id"], "total": 42}},
+                    )
                     self._json(201, {"id": body["order_id"]})
                 elif route == "/orders-silent":
                     self._json(201, {"id": body.get("order_id")})
@@ -83,9 +87,17 @@ class App:
                     timer.start()
                     self._json(202, {"queued": body["id"]})
                 elif route == "/api/event":
-                    events = body if isinstance(body, list) else body.get("events", [body]) if isinstance(body, dict) and "events" in body else [body]
+                    events = (
+                        body
+                        if isinstance(body, list)
+                        else body.get("events", [body])
+                        if isinstance(body, dict) and "events" in body
+                        else [body]
+                    )
                     with sqlite3.connect(app.db_path) as conn:
-                        conn.executemany("INSERT INTO events VALUES (?, ?)", [(e["name"], e.get("url", "")) for e in events])
+                        conn.executemany(
+                            "INSERT INTO events VALUES (?, ?)", [(e["name"], e.get("url", "")) for e in events]
+                        )
                     self._json(202, {"accepted": len(events)})
                 elif route == "/broken-ingest":
                     self._json(500, {"error": "ingestion down"})
@@ -96,7 +108,9 @@ class App:
                 parts = urlsplit(self.path)
                 if parts.path.startswith("/jobs/"):
                     with sqlite3.connect(app.db_path) as conn:
-                        row = conn.execute("SELECT status FROM jobs WHERE id = ?", (parts.path.rsplit("/", 1)[1],)).fetchone()
+                        row = conn.execute(
+                            "SELECT status FROM jobs WHERE id = ?", (parts.path.rsplit("/", 1)[1],)
+                        ).fetchone()
                     self._json(200, {"status": row[0] if row else "pending"})
                 elif parts.path == "/api/stats":
                     name = parse_qs(parts.query).get("name", [""])[0]
@@ -118,8 +132,12 @@ class App:
 
     @staticmethod
     def deliver(url: str, payload: dict[str, Any]) -> None:
-        request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                         headers={"Content-Type": "application/json", "X-Webhook-Signature": "sha256=deadbeef"})
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(payload).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "X-Webhook-Signature": "sha256=deadbeef"},
+        )
         try:
             urllib.request.urlopen(request, timeout=5).read()
         except OSError:
@@ -187,7 +205,11 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
 
 
 def normalisations(code: str, inputs: dict[str, Any]) -> list[str]:
-    dag = {"nodes": [{"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}]}
+    dag = {
+        "nodes": [
+            {"id": "N", "steps": [{"type": code, "inputs": inputs}], "scoring": {"method": "binary", "maxScore": 1}}
+        ]
+    }
     return [i.message for i in load_dag_data(dag).issues if i.kind == "normalisation"]
 
 
@@ -216,8 +238,10 @@ def test_receiver_caps_bodies_and_reads_chunked() -> None:
         d = r.wait_for(lambda d: True, 5)
         assert d is not None and len(d.body) == 1024 * 1024 and d.truncated
         with socket.create_connection(("127.0.0.1", r.port), timeout=5) as s:
-            s.sendall(b"POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+            s.sendall(
+                b"POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+            )
             assert b"200" in s.recv(1024)
         d = r.wait_for(lambda d: d.body == b"hello world", 5)
         assert d is not None and not d.truncated
@@ -263,8 +287,12 @@ def test_parse_message_without_headers_never_raises() -> None:
 
 
 def test_cli_mock_receiver_service(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "saasbench.services.receivers", "mock", "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "saasbench.services.receivers", "mock", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(tmp_path),
+    )
     try:
         assert proc.stdout is not None
         info = json.loads(proc.stdout.readline())
@@ -300,9 +328,18 @@ def test_body_matching_rules() -> None:
 
 # --- P27 ------------------------------------------------------------------------------------------
 def test_p27_delivery_passes(ctx: RunContext) -> None:
-    r = run(ctx, "P27", {"trigger": ORDER_TRIGGER, "expect_delivery": {
-        "timeout_ms": 10000, "body_contains": {"event": "order.created", "data": {"id": "o-1"}},
-        "headers_contain": {"x-webhook-signature": "sha256="}}})
+    r = run(
+        ctx,
+        "P27",
+        {
+            "trigger": ORDER_TRIGGER,
+            "expect_delivery": {
+                "timeout_ms": 10000,
+                "body_contains": {"event": "order.created", "data": {"id": "o-1"}},
+                "headers_contain": {"x-webhook-signature": "sha256="},
+            },
+        },
+    )
     assert r.passed, r.message
     assert r.evidence["deliveries_total"] == 1 and r.evidence["matched"]["path"] == "/hook"
     assert ctx.vars["webhook_url"] == r.evidence["receiver_url"] and isinstance(ctx.vars["webhook_port"], int)
@@ -310,36 +347,64 @@ def test_p27_delivery_passes(ctx: RunContext) -> None:
 
 
 def test_p27_no_delivery_fails_with_message(ctx: RunContext) -> None:
-    r = run(ctx, "P27", {"trigger": {**ORDER_TRIGGER, "path": "/orders-silent"}, "expect_delivery": {"timeout_ms": 200}})
+    r = run(
+        ctx, "P27", {"trigger": {**ORDER_TRIGGER, "path": "/orders-silent"}, "expect_delivery": {"timeout_ms": 200}}
+    )
     assert not r.passed
     assert r.message.startswith("no webhook delivery within 0.2s") and "-> 201" in r.message
 
 
 def test_p27_wrong_body_fails_with_reason(ctx: RunContext) -> None:
     trigger = {**ORDER_TRIGGER, "body": {**ORDER_TRIGGER["body"], "event": "order.cancelled"}}
-    r = run(ctx, "P27", {"trigger": trigger, "expect_delivery": {"timeout_ms": 1500, "body_contains": {"event": "order.created"}}})
+    r = run(
+        ctx,
+        "P27",
+        {"trigger": trigger, "expect_delivery": {"timeout_ms": 1500, "body_contains": {"event": "order.created"}}},
+    )
     assert not r.passed
     assert "1 request(s) received" in r.message and "none matched" in r.message and "order.cancelled" in r.message
     assert r.evidence["deliveries"][0]["body"].startswith('{"event": "order.cancelled"')
 
 
 def test_p27_wrong_header_fails(ctx: RunContext) -> None:
-    r = run(ctx, "P27", {"trigger": ORDER_TRIGGER, "expect_delivery": {"timeout_ms": 1500, "headers_contain": {"X-Hub-Signature": "*"}}})
+    r = run(
+        ctx,
+        "P27",
+        {
+            "trigger": ORDER_TRIGGER,
+            "expect_delivery": {"timeout_ms": 1500, "headers_contain": {"X-Hub-Signature": "*"}},
+        },
+    )
     assert not r.passed and "no header 'X-Hub-Signature'" in r.message
 
 
 def test_p27_earlier_deliveries_do_not_count(ctx: RunContext) -> None:
     assert run(ctx, "P27", {"trigger": ORDER_TRIGGER}).passed
-    r = run(ctx, "P27", {"trigger": {**ORDER_TRIGGER, "path": "/orders-silent"}, "expect_delivery": {"timeout_ms": 200}})
+    r = run(
+        ctx, "P27", {"trigger": {**ORDER_TRIGGER, "path": "/orders-silent"}, "expect_delivery": {"timeout_ms": 200}}
+    )
     assert not r.passed and "nothing received" in r.message
 
 
 def test_p27_verify_sql_and_legacy_family_b(ctx: RunContext, app: App) -> None:
     # family B: trigger_* keys and verify_sql; the app records the job that sends the hook
-    r = run(ctx, "P27", {"trigger_path": "/jobs", "trigger_method": "POST", "trigger_body": {"id": "hook-job"},
-                         "wait_seconds": 10, "verify_sql": "SELECT * FROM jobs WHERE id = 'hook-job'"})
+    r = run(
+        ctx,
+        "P27",
+        {
+            "trigger_path": "/jobs",
+            "trigger_method": "POST",
+            "trigger_body": {"id": "hook-job"},
+            "wait_seconds": 10,
+            "verify_sql": "SELECT * FROM jobs WHERE id = 'hook-job'",
+        },
+    )
     assert r.passed, r.message
-    r = run(ctx, "P27", {"trigger": ORDER_TRIGGER, "verify_sql": "SELECT * FROM jobs WHERE id = 'never'", "verify_wait_ms": 100})
+    r = run(
+        ctx,
+        "P27",
+        {"trigger": ORDER_TRIGGER, "verify_sql": "SELECT * FROM jobs WHERE id = 'never'", "verify_wait_ms": 100},
+    )
     assert not r.passed and "verify_sql" in r.message
 
 
@@ -359,12 +424,28 @@ def test_p27_mock_receiver_source(ctx: RunContext) -> None:
     with MockReceiver() as mock:
         http("POST", mock.url, {"event": "old"})  # history before the trigger is not counted
         trigger = {"method": "POST", "path": "/orders", "body": {"webhook_url": mock.url, "order_id": "m-1"}}
-        r = run(ctx, "P27", {"source": "mock_receiver", "mock_receiver_url": mock.base_url, "trigger": trigger,
-                             "expect_delivery": {"timeout_ms": 10000, "body_contains": {"data": {"id": "m-1"}}}})
+        r = run(
+            ctx,
+            "P27",
+            {
+                "source": "mock_receiver",
+                "mock_receiver_url": mock.base_url,
+                "trigger": trigger,
+                "expect_delivery": {"timeout_ms": 10000, "body_contains": {"data": {"id": "m-1"}}},
+            },
+        )
         assert r.passed, r.message
         assert WebhookReceiver.__name__ and "webhook_receiver" not in ctx.resources  # no own receiver needed
-        r = run(ctx, "P27", {"source": "mock_receiver", "mock_receiver_url": mock.base_url + "/history",
-                             "trigger": {**trigger, "path": "/orders-silent"}, "expect_delivery": {"timeout_ms": 300}})
+        r = run(
+            ctx,
+            "P27",
+            {
+                "source": "mock_receiver",
+                "mock_receiver_url": mock.base_url + "/history",
+                "trigger": {**trigger, "path": "/orders-silent"},
+                "expect_delivery": {"timeout_ms": 300},
+            },
+        )
         assert not r.passed and "no webhook delivery" in r.message
 
 
@@ -373,8 +454,16 @@ def test_parallel_runs_get_their_own_receivers(app: App) -> None:
     results: dict[int, StepResult] = {}
 
     def go(i: int) -> None:
-        trigger = {"method": "POST", "path": "/orders", "body": {"webhook_url": "{{webhook_url}}", "order_id": f"p-{i}"}}
-        results[i] = run(ctxs[i], "P27", {"trigger": trigger, "expect_delivery": {"timeout_ms": 10000, "body_contains": {"data": {"id": f"p-{i}"}}}})
+        trigger = {
+            "method": "POST",
+            "path": "/orders",
+            "body": {"webhook_url": "{{webhook_url}}", "order_id": f"p-{i}"},
+        }
+        results[i] = run(
+            ctxs[i],
+            "P27",
+            {"trigger": trigger, "expect_delivery": {"timeout_ms": 10000, "body_contains": {"data": {"id": f"p-{i}"}}}},
+        )
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
     for t in threads:
@@ -397,7 +486,11 @@ def test_parallel_runs_get_their_own_receivers(app: App) -> None:
 def test_close_stops_receivers(app: App) -> None:
     c = RunContext(Target(base_url=app.url))
     assert run(c, "P27", {"trigger": ORDER_TRIGGER}).passed
-    invite = {"method": "POST", "path": "/invite", "body": {"email": "bob@example.com", "smtp_host": "{{smtp_host}}", "smtp_port": "{{smtp_port}}"}}
+    invite = {
+        "method": "POST",
+        "path": "/invite",
+        "body": {"email": "bob@example.com", "smtp_host": "{{smtp_host}}", "smtp_port": "{{smtp_port}}"},
+    }
     assert run(c, "P28", {"trigger": invite, "expect": {"to": "bob@example.com"}}).passed
     ports = [c.vars["webhook_port"], c.vars["smtp_port"], c.resources["smtp_sink"].api_port]
     assert all(port_open(p) for p in ports)
@@ -407,12 +500,28 @@ def test_close_stops_receivers(app: App) -> None:
 
 
 # --- P28 ------------------------------------------------------------------------------------------
-INVITE = {"method": "POST", "path": "/invite", "body": {"email": "alice@example.com", "smtp_host": "{{smtp_host}}", "smtp_port": "{{smtp_port}}"}}
+INVITE = {
+    "method": "POST",
+    "path": "/invite",
+    "body": {"email": "alice@example.com", "smtp_host": "{{smtp_host}}", "smtp_port": "{{smtp_port}}"},
+}
 
 
 def test_p28_email_to_sink(ctx: RunContext) -> None:
-    r = run(ctx, "P28", {"trigger": INVITE, "expect": {"to": "Alice@Example.com", "subject_contains": "invited",
-                                                       "body_contains": "join/abc123", "from": "acme.test", "timeout_ms": 10000}})
+    r = run(
+        ctx,
+        "P28",
+        {
+            "trigger": INVITE,
+            "expect": {
+                "to": "Alice@Example.com",
+                "subject_contains": "invited",
+                "body_contains": "join/abc123",
+                "from": "acme.test",
+                "timeout_ms": 10000,
+            },
+        },
+    )
     assert r.passed, r.message
     assert r.evidence["matched"]["subject"] == "You're invited to Acme – welcome"
 
@@ -428,43 +537,110 @@ def test_p28_reads_a_task_mailhog(ctx: RunContext) -> None:
     with SmtpSink() as mailhog:  # stands in for the task's MailHog: same API
         App.mail("127.0.0.1", mailhog.port, "old@example.com")  # there before the trigger: ignored
         assert mailhog.wait_for(lambda m: True, 5) is not None
-        trigger = {"method": "POST", "path": "/invite", "body": {"email": "carol@example.com", "smtp_host": "127.0.0.1", "smtp_port": mailhog.port}}
-        r = run(ctx, "P28", {"trigger": trigger, "mailserver_api": mailhog.api_url,
-                             "to": "carol@example.com", "subject_contains": "invited", "timeout_ms": 10000})
+        trigger = {
+            "method": "POST",
+            "path": "/invite",
+            "body": {"email": "carol@example.com", "smtp_host": "127.0.0.1", "smtp_port": mailhog.port},
+        }
+        r = run(
+            ctx,
+            "P28",
+            {
+                "trigger": trigger,
+                "mailserver_api": mailhog.api_url,
+                "to": "carol@example.com",
+                "subject_contains": "invited",
+                "timeout_ms": 10000,
+            },
+        )
         assert r.passed, r.message
         assert "smtp_sink" not in ctx.resources
-        r = run(ctx, "P28", {"trigger": trigger, "mailserver_api": mailhog.api_url, "expect": {"to": "old@example.com", "timeout_ms": 1000}})
+        r = run(
+            ctx,
+            "P28",
+            {
+                "trigger": trigger,
+                "mailserver_api": mailhog.api_url,
+                "expect": {"to": "old@example.com", "timeout_ms": 1000},
+            },
+        )
         assert not r.passed and "none matched" in r.message
 
 
 # --- P24 ------------------------------------------------------------------------------------------
 def test_p24_http_trigger_db_verify(ctx: RunContext) -> None:
-    r = run(ctx, "P24", {"trigger": {"type": "http", "method": "POST", "path": "/jobs", "body": {"id": "j1"}},
-                         "verify": {"strategy": "db_query", "sql": "SELECT status FROM jobs WHERE id = '{{job}}'",
-                                    "expected_result": {"status": "done"}, "max_wait_ms": 10000}})
+    r = run(
+        ctx,
+        "P24",
+        {
+            "trigger": {"type": "http", "method": "POST", "path": "/jobs", "body": {"id": "j1"}},
+            "verify": {
+                "strategy": "db_query",
+                "sql": "SELECT status FROM jobs WHERE id = '{{job}}'",
+                "expected_result": {"status": "done"},
+                "max_wait_ms": 10000,
+            },
+        },
+    )
     assert not r.passed and "{{job}}" in r.message  # unresolved placeholder named
     ctx.vars["job"] = "j1"
-    r = run(ctx, "P24", {"trigger": {"type": "http", "method": "POST", "path": "/jobs", "body": {"id": "{{job}}"}},
-                         "verify": {"strategy": "db_query", "sql": "SELECT status FROM jobs WHERE id = '{{job}}'",
-                                    "expected_result": {"status": "done"}, "max_wait_ms": 10000}})
+    r = run(
+        ctx,
+        "P24",
+        {
+            "trigger": {"type": "http", "method": "POST", "path": "/jobs", "body": {"id": "{{job}}"}},
+            "verify": {
+                "strategy": "db_query",
+                "sql": "SELECT status FROM jobs WHERE id = '{{job}}'",
+                "expected_result": {"status": "done"},
+                "max_wait_ms": 10000,
+            },
+        },
+    )
     assert r.passed, r.message
     assert r.evidence["verify"]["bound_parameters"] == 1  # the captured value went in as a parameter
 
 
 def test_p24_http_verify_polls_until_assertion(ctx: RunContext) -> None:
-    r = run(ctx, "P24", {"trigger": {"method": "POST", "path": "/jobs", "body": {"id": "j2"}},
-                         "verify": {"http": {"path": "/jobs/j2", "assertions": [{"path": "$.status", "expected": "done"}]},
-                                    "max_wait_ms": 10000, "interval_ms": 50}})
+    r = run(
+        ctx,
+        "P24",
+        {
+            "trigger": {"method": "POST", "path": "/jobs", "body": {"id": "j2"}},
+            "verify": {
+                "http": {"path": "/jobs/j2", "assertions": [{"path": "$.status", "expected": "done"}]},
+                "max_wait_ms": 10000,
+                "interval_ms": 50,
+            },
+        },
+    )
     assert r.passed, r.message
     assert r.evidence["verify"]["attempts"] >= 1
 
 
 def test_p24_job_never_done_fails(ctx: RunContext) -> None:
-    r = run(ctx, "P24", {"trigger": {"path": "/orders-silent", "body": {}},
-                         "verify": {"sql": "SELECT * FROM jobs WHERE id = 'nope'", "max_wait_ms": 200}})
+    r = run(
+        ctx,
+        "P24",
+        {
+            "trigger": {"path": "/orders-silent", "body": {}},
+            "verify": {"sql": "SELECT * FROM jobs WHERE id = 'nope'", "max_wait_ms": 200},
+        },
+    )
     assert not r.passed and "0 row(s)" in r.message and "trigger POST" in r.message
-    r = run(ctx, "P24", {"verify": {"strategy": "http", "path": "/jobs/nope", "assertions": [{"path": "$.status", "expected": "done"}],
-                                    "max_wait_ms": 200, "interval_ms": 50}})
+    r = run(
+        ctx,
+        "P24",
+        {
+            "verify": {
+                "strategy": "http",
+                "path": "/jobs/nope",
+                "assertions": [{"path": "$.status", "expected": "done"}],
+                "max_wait_ms": 200,
+                "interval_ms": 50,
+            }
+        },
+    )
     assert not r.passed and "not satisfied within 200 ms" in r.message and '"pending"' in r.message
 
 
@@ -485,32 +661,68 @@ class FakeEnv:
 
 def test_p24_exec_trigger(app: App, tmp_path: Path) -> None:
     script = tmp_path / "job.py"
-    script.write_text("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.execute(\"INSERT INTO jobs VALUES (?, 'done')\", (sys.argv[2],))\nc.commit()\n")
+    script.write_text(
+        "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.execute(\"INSERT INTO jobs VALUES (?, 'done')\", (sys.argv[2],))\nc.commit()\n"
+    )
     c = RunContext(Target(base_url=app.url, db_dsn=f"sqlite:///{app.db_path}", environment=FakeEnv()))
     try:
-        r = run(c, "P24", {"trigger": {"type": "exec", "command": f"{sys.executable} {script} {app.db_path} e1"},
-                           "verify": {"strategy": "db_query", "sql": "SELECT COUNT(*) AS n FROM jobs WHERE id = 'e1'", "expected_result": 1}})
+        r = run(
+            c,
+            "P24",
+            {
+                "trigger": {"type": "exec", "command": f"{sys.executable} {script} {app.db_path} e1"},
+                "verify": {
+                    "strategy": "db_query",
+                    "sql": "SELECT COUNT(*) AS n FROM jobs WHERE id = 'e1'",
+                    "expected_result": 1,
+                },
+            },
+        )
         assert r.passed, r.message
         r = run(c, "P24", {"trigger": {"command": "exit 3"}, "verify": {"sql": "SELECT 1"}})
         assert not r.passed and "exited 3, expected 0" in r.message
     finally:
         c.close()
-    r = run(RunContext(Target(base_url=app.url)), "P24", {"trigger": {"command": "true"}, "verify": {"sql": "SELECT 1"}})
+    r = run(
+        RunContext(Target(base_url=app.url)), "P24", {"trigger": {"command": "true"}, "verify": {"sql": "SELECT 1"}}
+    )
     assert not r.passed and r.message.startswith("no environment")
 
 
 # --- P_INGEST -------------------------------------------------------------------------------------
 def test_ingest_events_counted_via_api_and_sql(ctx: RunContext) -> None:
     events = [{"name": "signup-{{ingest_id}}", "url": "/a"}, {"name": "signup-{{ingest_id}}", "url": "/b"}]
-    r = run(ctx, "P_INGEST", {"endpoint": "/api/event", "events": events, "repeat": 2, "skip_auth": True,
-                              "verify": {"strategy": "http", "path": "/api/stats?name=signup-{{ingest_id}}",
-                                         "assertions": [{"path": "$.count", "op": "gte", "expected": "{{ingest_count}}"}]}})
+    r = run(
+        ctx,
+        "P_INGEST",
+        {
+            "endpoint": "/api/event",
+            "events": events,
+            "repeat": 2,
+            "skip_auth": True,
+            "verify": {
+                "strategy": "http",
+                "path": "/api/stats?name=signup-{{ingest_id}}",
+                "assertions": [{"path": "$.count", "op": "gte", "expected": "{{ingest_count}}"}],
+            },
+        },
+    )
     assert r.passed, r.message
     assert r.evidence["accepted"] == 4 and ctx.vars["ingest_count"] == 4
     marker = ctx.vars["ingest_id"]
-    r = run(ctx, "P_INGEST", {"endpoint": "/api/event", "events": [{"name": "view-{{ingest_id}}"}] * 3, "batch": True,
-                              "batch_key": "events",
-                              "verify": {"db": {"sql": "SELECT COUNT(*) FROM events WHERE name = 'view-{{ingest_id}}'", "expected_result": 3}}})
+    r = run(
+        ctx,
+        "P_INGEST",
+        {
+            "endpoint": "/api/event",
+            "events": [{"name": "view-{{ingest_id}}"}] * 3,
+            "batch": True,
+            "batch_key": "events",
+            "verify": {
+                "db": {"sql": "SELECT COUNT(*) FROM events WHERE name = 'view-{{ingest_id}}'", "expected_result": 3}
+            },
+        },
+    )
     assert r.passed, r.message
     assert ctx.vars["ingest_id"] != marker  # a fresh id per step isolates the count
 
@@ -518,19 +730,38 @@ def test_ingest_events_counted_via_api_and_sql(ctx: RunContext) -> None:
 def test_ingest_failures(ctx: RunContext) -> None:
     r = run(ctx, "P_INGEST", {"endpoint": "/broken-ingest", "events": [{"name": "x"}]})
     assert not r.passed and "0/1 events accepted" in r.message and "-> 500" in r.message
-    r = run(ctx, "P_INGEST", {"endpoint": "/api/event", "events": [{"name": "y-{{ingest_id}}"}],
-                              "verify": {"strategy": "http", "path": "/api/stats?name=y-{{ingest_id}}",
-                                         "assertions": [{"path": "$.count", "op": "gte", "expected": 5}], "max_wait_ms": 200, "interval_ms": 50}})
+    r = run(
+        ctx,
+        "P_INGEST",
+        {
+            "endpoint": "/api/event",
+            "events": [{"name": "y-{{ingest_id}}"}],
+            "verify": {
+                "strategy": "http",
+                "path": "/api/stats?name=y-{{ingest_id}}",
+                "assertions": [{"path": "$.count", "op": "gte", "expected": 5}],
+                "max_wait_ms": 200,
+                "interval_ms": 50,
+            },
+        },
+    )
     assert not r.passed and "not satisfied" in r.message and "$.count gte 5" in r.message
 
 
 # --- loader and engine ----------------------------------------------------------------------------
 def test_legacy_forms_are_normalised_and_noted() -> None:
-    notes = normalisations("P27", {"trigger_path": "/x", "trigger_body": {"u": "{{webhook_url}}"}, "wait_seconds": 5,
-                                   "verify_sql": "SELECT 1"})
+    notes = normalisations(
+        "P27",
+        {"trigger_path": "/x", "trigger_body": {"u": "{{webhook_url}}"}, "wait_seconds": 5, "verify_sql": "SELECT 1"},
+    )
     assert any("trigger_path" in n for n in notes) and any("wait_seconds" in n for n in notes)
-    notes = normalisations("P24", {"trigger": {"type": "rails_runner", "command": "Job.perform_now"},
-                                   "verify": {"strategy": "db", "sql": "SELECT 1", "expected": 1}})
+    notes = normalisations(
+        "P24",
+        {
+            "trigger": {"type": "rails_runner", "command": "Job.perform_now"},
+            "verify": {"strategy": "db", "sql": "SELECT 1", "expected": 1},
+        },
+    )
     assert any("rails_runner" in n for n in notes) and any("'db' -> 'db_query'" in n for n in notes)
     notes = normalisations("P28", {"to": "a@b.c", "subject": "Hi", "trigger": {"path": "/x"}})
     assert any("expect" in n for n in notes) and any("'subject' -> 'subject_contains'" in n for n in notes)
@@ -549,23 +780,77 @@ def test_rails_runner_command_is_wrapped() -> None:
 
 def test_engine_runs_integration_nodes(app: App) -> None:
     order_id = uuid.uuid4().hex[:8]
-    dag = {"nodes": [
-        {"id": "HOOK", "steps": [{"type": "P27", "inputs": {
-            "trigger": {"method": "POST", "path": "/orders", "body": {"webhook_url": "{{webhook_url}}", "order_id": order_id}},
-            "expect_delivery": {"timeout_ms": 10000, "body_contains": {"data": {"id": order_id}}}}}],
-         "scoring": {"category": "Webhook", "method": "binary", "maxScore": 2}},
-        {"id": "MAIL", "prereqs": ["HOOK"], "steps": [{"type": "P28", "inputs": {"trigger": INVITE, "expect": {"to": "alice@example.com", "timeout_ms": 10000}}}],
-         "scoring": {"category": "TransactionalEmail", "method": "binary", "maxScore": 1}},
-        {"id": "JOB", "prereqs": ["HOOK"], "steps": [  # it reads HOOK.created_id
-            {"type": "P24", "inputs": {"trigger": {"type": "http", "path": "/jobs", "body": {"id": "{{HOOK.created_id}}"}},
-                                       "verify": {"strategy": "db_query", "sql": "SELECT status FROM jobs WHERE id = '{{HOOK.created_id}}'",
-                                                  "expected_result": {"status": "done"}, "max_wait_ms": 10000}}},
-            {"type": "P15", "inputs": {"expected_status": 202}}],
-         "scoring": {"category": "BackgroundJobs", "method": "binary", "maxScore": 1}},
-        {"id": "INGEST", "steps": [{"type": "P_INGEST", "inputs": {"endpoint": "/api/event", "events": [{"name": "e-{{ingest_id}}"}],
-                                                                   "verify": {"db": {"sql": "SELECT COUNT(*) FROM events WHERE name = 'e-{{ingest_id}}'", "expected_result": 1}}}}],
-         "scoring": {"category": "EventProcessing", "method": "binary", "maxScore": 1}},
-    ]}
+    dag = {
+        "nodes": [
+            {
+                "id": "HOOK",
+                "steps": [
+                    {
+                        "type": "P27",
+                        "inputs": {
+                            "trigger": {
+                                "method": "POST",
+                                "path": "/orders",
+                                "body": {"webhook_url": "{{webhook_url}}", "order_id": order_id},
+                            },
+                            "expect_delivery": {"timeout_ms": 10000, "body_contains": {"data": {"id": order_id}}},
+                        },
+                    }
+                ],
+                "scoring": {"category": "Webhook", "method": "binary", "maxScore": 2},
+            },
+            {
+                "id": "MAIL",
+                "prereqs": ["HOOK"],
+                "steps": [
+                    {
+                        "type": "P28",
+                        "inputs": {"trigger": INVITE, "expect": {"to": "alice@example.com", "timeout_ms": 10000}},
+                    }
+                ],
+                "scoring": {"category": "TransactionalEmail", "method": "binary", "maxScore": 1},
+            },
+            {
+                "id": "JOB",
+                "prereqs": ["HOOK"],
+                "steps": [  # it reads HOOK.created_id
+                    {
+                        "type": "P24",
+                        "inputs": {
+                            "trigger": {"type": "http", "path": "/jobs", "body": {"id": "{{HOOK.created_id}}"}},
+                            "verify": {
+                                "strategy": "db_query",
+                                "sql": "SELECT status FROM jobs WHERE id = '{{HOOK.created_id}}'",
+                                "expected_result": {"status": "done"},
+                                "max_wait_ms": 10000,
+                            },
+                        },
+                    },
+                    {"type": "P15", "inputs": {"expected_status": 202}},
+                ],
+                "scoring": {"category": "BackgroundJobs", "method": "binary", "maxScore": 1},
+            },
+            {
+                "id": "INGEST",
+                "steps": [
+                    {
+                        "type": "P_INGEST",
+                        "inputs": {
+                            "endpoint": "/api/event",
+                            "events": [{"name": "e-{{ingest_id}}"}],
+                            "verify": {
+                                "db": {
+                                    "sql": "SELECT COUNT(*) FROM events WHERE name = 'e-{{ingest_id}}'",
+                                    "expected_result": 1,
+                                }
+                            },
+                        },
+                    }
+                ],
+                "scoring": {"category": "EventProcessing", "method": "binary", "maxScore": 1},
+            },
+        ]
+    }
     loaded = load_dag_data(dag)
     assert not [i for i in loaded.issues if i.kind in ("error", "warning")], loaded.issues
     ctx = RunContext(Target(base_url=app.url, db_dsn=f"sqlite:///{app.db_path}"))
@@ -590,7 +875,10 @@ def test_prestart_receivers_for_earlier_steps(app: App) -> None:
 
 
 def test_p27_receiver_path_sets_webhook_url(ctx: RunContext) -> None:
-    r = run(ctx, "P27", {"receiver": {"path": "/webhooks/orders"}, "trigger": ORDER_TRIGGER,
-                         "expect_delivery": {"timeout_ms": 10000}})
+    r = run(
+        ctx,
+        "P27",
+        {"receiver": {"path": "/webhooks/orders"}, "trigger": ORDER_TRIGGER, "expect_delivery": {"timeout_ms": 10000}},
+    )
     assert r.passed, r.message
     assert ctx.vars["webhook_url"].endswith("/webhooks/orders") and r.evidence["matched"]["path"] == "/webhooks/orders"

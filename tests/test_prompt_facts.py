@@ -23,137 +23,319 @@ NO_ENV = "no environment variables documented"
 # env_vars, number of "Key technical requirements" bullets, warnings
 EXPECTED: dict[str, dict] = {
     "task_aoiwqoiq": dict(
-        product="Community Forum Platform", container="task_aoiwqoiq-app", workdir="/app", base_os="Ubuntu 22.04",
-        db=("postgresql", "16", "db", 5432, None, "app_aoiwqoiq", "appaoiwqoiq", "app123aoiwqoiq",
-            ["pg_trgm", "hstore", "unaccent", "uuid-ossp", "vector"]),
-        services=[("Redis", "redis", 6379)], app_port=8020, host_port=None,
-        n_users=3, first_user=("admin", "eval_admin", "eval_admin@eval.test", "EvalPass12345!"),
-        env_vars=[], n_requirements=7, warnings=[NO_ENV],
+        product="Community Forum Platform",
+        container="task_aoiwqoiq-app",
+        workdir="/app",
+        base_os="Ubuntu 22.04",
+        db=(
+            "postgresql",
+            "16",
+            "db",
+            5432,
+            None,
+            "app_aoiwqoiq",
+            "appaoiwqoiq",
+            "app123aoiwqoiq",
+            ["pg_trgm", "hstore", "unaccent", "uuid-ossp", "vector"],
+        ),
+        services=[("Redis", "redis", 6379)],
+        app_port=8020,
+        host_port=None,
+        n_users=3,
+        first_user=("admin", "eval_admin", "eval_admin@eval.test", "EvalPass12345!"),
+        env_vars=[],
+        n_requirements=7,
+        warnings=[NO_ENV],
     ),
     "task_cqfnbfay": dict(
-        product="Document Signing & Form Filling Platform", container="cqfnbfay-app-1", workdir="/app",
+        product="Document Signing & Form Filling Platform",
+        container="cqfnbfay-app-1",
+        workdir="/app",
         base_os="Alpine Linux",
-        db=("postgresql", "16", "db", 5432, None, "app_cqfnbfay", "appcqfnbfay", "app123cqfnbfay",
-            ["plpgsql", "btree_gin"]),
-        services=[("Redis", "redis", 6379)], app_port=8021, host_port=None,
-        n_users=1, first_user=(None, None, "eval@test.com", "EvalPass123!"),
-        env_vars=["DATABASE_URL", "REDIS_URL", "SECRET_KEY_BASE", "PORT"], n_requirements=12, warnings=[],
+        db=(
+            "postgresql",
+            "16",
+            "db",
+            5432,
+            None,
+            "app_cqfnbfay",
+            "appcqfnbfay",
+            "app123cqfnbfay",
+            ["plpgsql", "btree_gin"],
+        ),
+        services=[("Redis", "redis", 6379)],
+        app_port=8021,
+        host_port=None,
+        n_users=1,
+        first_user=(None, None, "eval@test.com", "EvalPass123!"),
+        env_vars=["DATABASE_URL", "REDIS_URL", "SECRET_KEY_BASE", "PORT"],
+        n_requirements=12,
+        warnings=[],
     ),
     "task_cvyocaao": dict(
-        product="Identity and Access Management Platform", container="app_cvyocaao", workdir="/app",
+        product="Identity and Access Management Platform",
+        container="app_cvyocaao",
+        workdir="/app",
         base_os="Ubuntu 22.04",
         db=("postgresql", "16", "db", 5432, None, "app_cvyocaao", "appcvyocaao", "app123cvyocaao", []),
-        services=[], app_port=8027, host_port=None,
-        n_users=1, first_user=("admin", "admin", None, "admin"),
-        env_vars=[], n_requirements=13, warnings=[NO_ENV],
+        services=[],
+        app_port=8027,
+        host_port=None,
+        n_users=1,
+        first_user=("admin", "admin", None, "admin"),
+        env_vars=[],
+        n_requirements=13,
+        warnings=[NO_ENV],
     ),
     "task_dfhjkeb": dict(
-        product="Full-Featured E-Commerce Platform", container="ecommerce-app", workdir="/app", base_os="Ubuntu 22.04",
+        product="Full-Featured E-Commerce Platform",
+        container="ecommerce-app",
+        workdir="/app",
+        base_os="Ubuntu 22.04",
         db=("postgresql", "16", "db", 5432, None, "app_db", "app", "app123", ["uuid-ossp", "pgcrypto"]),
-        services=[("Redis", "redis", 6379)], app_port=8003, host_port=None,
-        n_users=7, first_user=("admin", None, "eval_admin@test.com", "EvalAdmin123!"),
+        services=[("Redis", "redis", 6379)],
+        app_port=8003,
+        host_port=None,
+        n_users=7,
+        first_user=("admin", None, "eval_admin@test.com", "EvalAdmin123!"),
         env_vars=["DATABASE_URL", "REDIS_URL", "JWT_SECRET", "COOKIE_SECRET", "NODE_ENV", "PORT", "WORKER_MODE"],
-        n_requirements=12, warnings=[],
+        n_requirements=12,
+        warnings=[],
     ),
     "task_gavmyneb": dict(
-        product="Learning Management System", container="lms-web", workdir="/usr/src/app", base_os=None,
-        db=("postgresql", "16", "db", 5432, None, "app_gavmyneb", "appgavmyneb", "app123gavmyneb",
-            ["pg_trgm", "btree_gist", "uuid-ossp", "pgcrypto"]),
-        services=[("Redis 7", "redis", 6379)], app_port=80, host_port=8017,
-        n_users=6, first_user=("admin", None, "eval_admin@test.com", "Admin123!@#"),
-        env_vars=["DATABASE_URL", "POSTGRES_HOST", "POSTGRES_PORT", "POSTGRES_USER_TASK", "POSTGRES_PASSWORD_TASK",
-                  "POSTGRES_DB", "REDIS_URL", "SECRET_KEY_BASE", "ENCRYPTION_KEY", "APP_ENV", "RAILS_ENV", "APP_PORT"],
-        n_requirements=11, warnings=["no base OS found"],
+        product="Learning Management System",
+        container="lms-web",
+        workdir="/usr/src/app",
+        base_os=None,
+        db=(
+            "postgresql",
+            "16",
+            "db",
+            5432,
+            None,
+            "app_gavmyneb",
+            "appgavmyneb",
+            "app123gavmyneb",
+            ["pg_trgm", "btree_gist", "uuid-ossp", "pgcrypto"],
+        ),
+        services=[("Redis 7", "redis", 6379)],
+        app_port=80,
+        host_port=8017,
+        n_users=6,
+        first_user=("admin", None, "eval_admin@test.com", "Admin123!@#"),
+        env_vars=[
+            "DATABASE_URL",
+            "POSTGRES_HOST",
+            "POSTGRES_PORT",
+            "POSTGRES_USER_TASK",
+            "POSTGRES_PASSWORD_TASK",
+            "POSTGRES_DB",
+            "REDIS_URL",
+            "SECRET_KEY_BASE",
+            "ENCRYPTION_KEY",
+            "APP_ENV",
+            "RAILS_ENV",
+            "APP_PORT",
+        ],
+        n_requirements=11,
+        warnings=["no base OS found"],
     ),
     "task_hhrdixum": dict(
-        product="Inventory Management & Light-MRP", container="task_hhrdixum-app", workdir="/app",
+        product="Inventory Management & Light-MRP",
+        container="task_hhrdixum-app",
+        workdir="/app",
         base_os="Ubuntu 22.04",
         db=("postgresql", "16", "db", 5432, 5439, "app_hhrdixum", "apphhrdixum", "app123hhrdixum", []),
-        services=[("Redis 7", "cache", 6379)], app_port=8000, host_port=8014,
-        n_users=2, first_user=("admin", "admin", "admin@test.com", "Admin123!@#"),
-        env_vars=["APP_DB_*", "APP_CACHE_HOST", "APP_CACHE_PORT", "REDIS_URL", "APP_BASE_URL",
-                  "DJANGO_SETTINGS_MODULE"],
-        n_requirements=13, warnings=[],
+        services=[("Redis 7", "cache", 6379)],
+        app_port=8000,
+        host_port=8014,
+        n_users=2,
+        first_user=("admin", "admin", "admin@test.com", "Admin123!@#"),
+        env_vars=[
+            "APP_DB_*",
+            "APP_CACHE_HOST",
+            "APP_CACHE_PORT",
+            "REDIS_URL",
+            "APP_BASE_URL",
+            "DJANGO_SETTINGS_MODULE",
+        ],
+        n_requirements=13,
+        warnings=[],
     ),
     "task_ididetxj": dict(
-        product="Collaborative Knowledge Base & Wiki Platform", container="task_ididetxj-app", workdir="/app",
+        product="Collaborative Knowledge Base & Wiki Platform",
+        container="task_ididetxj-app",
+        workdir="/app",
         base_os="Ubuntu 22.04",
-        db=("postgresql", "16", "db", 5432, None, "app_ididetxj", "appididetxj", "app123ididetxj",
-            ["uuid-ossp", "pg_trgm", "citext"]),
-        services=[("Redis", "redis", 6379)], app_port=8031, host_port=None,
-        n_users=5, first_user=("admin", None, "eval_admin@example.com", None),
-        env_vars=[], n_requirements=11, warnings=[NO_ENV],
+        db=(
+            "postgresql",
+            "16",
+            "db",
+            5432,
+            None,
+            "app_ididetxj",
+            "appididetxj",
+            "app123ididetxj",
+            ["uuid-ossp", "pg_trgm", "citext"],
+        ),
+        services=[("Redis", "redis", 6379)],
+        app_port=8031,
+        host_port=None,
+        n_users=5,
+        first_user=("admin", None, "eval_admin@example.com", None),
+        env_vars=[],
+        n_requirements=11,
+        warnings=[NO_ENV],
     ),
     "task_iyjruvfz": dict(
-        product="Scheduling / Booking Platform", container="task_iyjruvfz-app", workdir="/app", base_os="Ubuntu 22.04",
+        product="Scheduling / Booking Platform",
+        container="task_iyjruvfz-app",
+        workdir="/app",
+        base_os="Ubuntu 22.04",
         db=("postgresql", "15", "postgres", 5432, None, "app_iyjruvfz", "appiyjruvfz", "app123iyjruvfz", []),
         services=[("Redis", "redis", 6379), ("Mock webhook receiver", "host.docker.internal", 9012)],
-        app_port=3000, host_port=8016,
-        n_users=3, first_user=("admin", "admin", "admin@example.com", "ChangeMe!2026"),
-        env_vars=[], n_requirements=10, warnings=[NO_ENV],
+        app_port=3000,
+        host_port=8016,
+        n_users=3,
+        first_user=("admin", "admin", "admin@example.com", "ChangeMe!2026"),
+        env_vars=[],
+        n_requirements=10,
+        warnings=[NO_ENV],
     ),
     "task_jzssnoqp": dict(
-        product="Omnichannel Customer Communication Platform", container="jzssnoqp-app", workdir="/app",
+        product="Omnichannel Customer Communication Platform",
+        container="jzssnoqp-app",
+        workdir="/app",
         base_os="Ubuntu 22.04",
-        db=("postgresql", "16", "db", 5432, None, "app_jzssnoqp", "appjzssnoqp", "app123jzssnoqp",
-            ["plpgsql", "pgcrypto", "pg_trgm", "pg_stat_statements", "vector"]),
-        services=[("Redis", "redis", 6379)], app_port=8018, host_port=None,
-        n_users=5, first_user=("admin", None, "admin@eval.test", "Password1!"),
-        env_vars=["DATABASE_URL", "REDIS_URL", "SECRET_KEY_BASE", "PORT", "RAILS_ENV",
-                  "ACTIVE_RECORD_ENCRYPTION_PRIMARY_KEY", "ACTIVE_RECORD_ENCRYPTION_DETERMINISTIC_KEY",
-                  "ACTIVE_RECORD_ENCRYPTION_KEY_DERIVATION_SALT"],
-        n_requirements=10, warnings=[],
+        db=(
+            "postgresql",
+            "16",
+            "db",
+            5432,
+            None,
+            "app_jzssnoqp",
+            "appjzssnoqp",
+            "app123jzssnoqp",
+            ["plpgsql", "pgcrypto", "pg_trgm", "pg_stat_statements", "vector"],
+        ),
+        services=[("Redis", "redis", 6379)],
+        app_port=8018,
+        host_port=None,
+        n_users=5,
+        first_user=("admin", None, "admin@eval.test", "Password1!"),
+        env_vars=[
+            "DATABASE_URL",
+            "REDIS_URL",
+            "SECRET_KEY_BASE",
+            "PORT",
+            "RAILS_ENV",
+            "ACTIVE_RECORD_ENCRYPTION_PRIMARY_KEY",
+            "ACTIVE_RECORD_ENCRYPTION_DETERMINISTIC_KEY",
+            "ACTIVE_RECORD_ENCRYPTION_KEY_DERIVATION_SALT",
+        ],
+        n_requirements=10,
+        warnings=[],
     ),
     "task_kmasmnil": dict(
-        product="Experience Management Platform", container="xm_app", workdir="/app", base_os="Ubuntu 22.04",
+        product="Experience Management Platform",
+        container="xm_app",
+        workdir="/app",
+        base_os="Ubuntu 22.04",
         db=("postgresql", "16", "db", 5432, None, "app_kmasmnil", "appkmasmnil", "app123kmasmnil", ["vector"]),
-        services=[("Redis", "redis", 6379)], app_port=8024, host_port=None,
-        n_users=2, first_user=("admin", None, "eval_admin@test.com", "EvalAdmin123!@#"),
-        env_vars=["DATABASE_URL", "REDIS_URL", "NEXTAUTH_URL", "NEXTAUTH_SECRET", "ENCRYPTION_KEY", "CRON_SECRET",
-                  "EMAIL_VERIFICATION_DISABLED", "RATE_LIMITING_DISABLED", "PORT", "NODE_ENV"],
-        n_requirements=14, warnings=[],
+        services=[("Redis", "redis", 6379)],
+        app_port=8024,
+        host_port=None,
+        n_users=2,
+        first_user=("admin", None, "eval_admin@test.com", "EvalAdmin123!@#"),
+        env_vars=[
+            "DATABASE_URL",
+            "REDIS_URL",
+            "NEXTAUTH_URL",
+            "NEXTAUTH_SECRET",
+            "ENCRYPTION_KEY",
+            "CRON_SECRET",
+            "EMAIL_VERIFICATION_DISABLED",
+            "RATE_LIMITING_DISABLED",
+            "PORT",
+            "NODE_ENV",
+        ],
+        n_requirements=14,
+        warnings=[],
     ),
     "task_lgzivily": dict(
-        product="Clinical Practice Management Suite", container="task_lgzivily_app", workdir="/var/www/html",
+        product="Clinical Practice Management Suite",
+        container="task_lgzivily_app",
+        workdir="/var/www/html",
         base_os="Ubuntu 22.04",
         db=("mariadb", "11.x", "db", 3306, 3310, "app_lgzivily", "applgzivily", "app123lgzivily", []),
-        services=[], app_port=80, host_port=8030,
-        n_users=7, first_user=("administrators", "admin", None, "pass"),
-        env_vars=[], n_requirements=11, warnings=[NO_ENV],
+        services=[],
+        app_port=80,
+        host_port=8030,
+        n_users=7,
+        first_user=("administrators", "admin", None, "pass"),
+        env_vars=[],
+        n_requirements=11,
+        warnings=[NO_ENV],
     ),
     "task_mjobbzsi": dict(
-        product="Real-Time Video Conferencing Platform", container="mjobbzsi-app-1", workdir="/app",
+        product="Real-Time Video Conferencing Platform",
+        container="mjobbzsi-app-1",
+        workdir="/app",
         base_os="Debian 12 / `node:20-bookworm` based",
         db=None,
         services=[("XMPP server", None, 5222), ("Conference Focus service", None, None), ("Video Bridge", None, 10000)],
-        app_port=80, host_port=8026,
-        n_users=0, first_user=None,
-        env_vars=[], n_requirements=10,
+        app_port=80,
+        host_port=8026,
+        n_users=0,
+        first_user=None,
+        env_vars=[],
+        n_requirements=10,
         warnings=["no database found", "no evaluation users found", NO_ENV],
     ),
     "task_orghjavi": dict(
-        product="Privacy-friendly Web Analytics", container="webanalytics_orghjavi_app", workdir="/app",
+        product="Privacy-friendly Web Analytics",
+        container="webanalytics_orghjavi_app",
+        workdir="/app",
         base_os="Ubuntu 22.04",
         db=("postgresql", "16", "postgres", 5432, None, "app_orghjavi", "apporghjavi", "app123orghjavi", ["citext"]),
-        services=[("ClickHouse 24.12", "clickhouse", 8123)], app_port=8000, host_port=8015,
-        n_users=5, first_user=("admin", None, "bench-v2@example.com", "BenchPass2026!@"),
+        services=[("ClickHouse 24.12", "clickhouse", 8123)],
+        app_port=8000,
+        host_port=8015,
+        n_users=5,
+        first_user=("admin", None, "bench-v2@example.com", "BenchPass2026!@"),
         env_vars=["BASE_URL", "SECRET_KEY_BASE", "TOTP_VAULT_KEY", "DISABLE_REGISTRATION", "MAILER_ADAPTER"],
-        n_requirements=12, warnings=[],
+        n_requirements=12,
+        warnings=[],
     ),
     "task_qmjfeopc": dict(
-        product="Gamified Habit-Tracking RPG", container="app_qmjfeopc", workdir="/app", base_os="Ubuntu 22.04",
+        product="Gamified Habit-Tracking RPG",
+        container="app_qmjfeopc",
+        workdir="/app",
+        base_os="Ubuntu 22.04",
         db=("mongodb", "7", "mongo", 27017, None, "app_qmjfeopc", "appqmjfeopc", "app123qmjfeopc", []),
-        services=[("Redis", "redis", 6379)], app_port=8002, host_port=None,
-        n_users=3, first_user=("user1", "eval_user1", "eval1@test.com", "EvalPass123!@#"),
-        env_vars=[], n_requirements=8, warnings=[NO_ENV],
+        services=[("Redis", "redis", 6379)],
+        app_port=8002,
+        host_port=None,
+        n_users=3,
+        first_user=("user1", "eval_user1", "eval1@test.com", "EvalPass123!@#"),
+        env_vars=[],
+        n_requirements=8,
+        warnings=[NO_ENV],
     ),
     "task_rjhcjrst": dict(
-        product="Personal Finance Manager", container="task_rjhcjrst-app", workdir="/var/www/html",
+        product="Personal Finance Manager",
+        container="task_rjhcjrst-app",
+        workdir="/var/www/html",
         base_os="Ubuntu 22.04",
         db=("mysql", "8.0", "db", 3306, 3309, "app_rjhcjrst", "apprjhcjrst", "app123rjhcjrst", []),
-        services=[("mock-receiver", "host.docker.internal", 9001)], app_port=80, host_port=8022,
-        n_users=2, first_user=("admin", None, "admin@pfm.local", "secret123"),
-        env_vars=["APP_KEY", "STATIC_CRON_TOKEN"], n_requirements=11, warnings=[],
+        services=[("mock-receiver", "host.docker.internal", 9001)],
+        app_port=80,
+        host_port=8022,
+        n_users=2,
+        first_user=("admin", None, "admin@pfm.local", "secret123"),
+        env_vars=["APP_KEY", "STATIC_CRON_TOKEN"],
+        n_requirements=11,
+        warnings=[],
     ),
 }
 
@@ -198,8 +380,17 @@ def test_database(task_id):
         assert db is None
         return
     engine, version, host, port, host_port, name, user, password, extensions = want
-    assert db == DatabaseFacts(engine=engine, version=version, host=host, port=port, host_port=host_port,
-                               name=name, user=user, password=password, extensions=extensions)
+    assert db == DatabaseFacts(
+        engine=engine,
+        version=version,
+        host=host,
+        port=port,
+        host_port=host_port,
+        name=name,
+        user=user,
+        password=password,
+        extensions=extensions,
+    )
 
 
 @pytest.mark.parametrize("task_id", sorted(EXPECTED))
@@ -271,21 +462,29 @@ def test_key_value_user_lines_keep_their_extra_facts():
 
 def test_label_notes_and_first_last_names():
     customer = _facts("task_dfhjkeb").users[-1]
-    assert (customer.role, customer.email, customer.extra) == ("customer", "eval_customer@test.com",
-                                                               {"note": "storefront side"})
+    assert (customer.role, customer.email, customer.extra) == (
+        "customer",
+        "eval_customer@test.com",
+        {"note": "storefront side"},
+    )
     assert [u.role for u in _facts("task_dfhjkeb").users][:3] == ["admin", "super admin", "limited admin"]
     only = _facts("task_cqfnbfay").users[0]
     assert (only.name, only.extra) == ("Eval Admin", {"first_name": "Eval", "last_name": "Admin"})
     superuser = _facts("task_qmjfeopc").users[2]
     assert (superuser.role, superuser.username, superuser.extra) == (
-        "admin", "eval_superuser1", {"note": "admin permissions, contributor level"})
+        "admin",
+        "eval_superuser1",
+        {"note": "admin permissions, contributor level"},
+    )
 
 
 def test_fixture_bullets_without_email_or_username_are_not_users():
     # kmasmnil also lists an Organization, a Project, two environments and an API key as "- **X**: id=..." lines
     users = _facts("task_kmasmnil").users
     assert [(u.role, u.name, u.email) for u in users] == [
-        ("admin", "Eval Admin", "eval_admin@test.com"), ("member", "Eval Member", "eval_member@test.com")]
+        ("admin", "Eval Admin", "eval_admin@test.com"),
+        ("member", "Eval Member", "eval_member@test.com"),
+    ]
     assert users[0].extra == {"role": "owner"}
 
 
@@ -309,7 +508,14 @@ def test_duplicate_role_column_goes_to_extra():
 def test_password_stated_above_a_table_fills_every_row():
     users = _facts("task_lgzivily").users
     assert [u.username for u in users] == [
-        "admin", "evalphys", "evalclin", "evalfo", "evalacct", "evalrec", "evalemerg"]
+        "admin",
+        "evalphys",
+        "evalclin",
+        "evalfo",
+        "evalacct",
+        "evalrec",
+        "evalemerg",
+    ]
     assert {u.password for u in users} == {"pass"}
     assert users[3].role == "front office"
 
@@ -317,13 +523,16 @@ def test_password_stated_above_a_table_fills_every_row():
 def test_placeholder_rows_are_skipped():
     users = _facts("task_rjhcjrst").users
     assert [(u.role, u.email, u.password) for u in users] == [
-        ("admin", "admin@pfm.local", "secret123"), ("cross-group", "alice_user@pfm.local", "EvalRBACPass123!")]
+        ("admin", "admin@pfm.local", "secret123"),
+        ("cross-group", "alice_user@pfm.local", "EvalRBACPass123!"),
+    ]
 
 
 def test_field_bullet_groups_under_an_admin_line_become_one_user():
     (admin,) = _facts("task_cvyocaao").users
-    assert admin == EvalUser(role="admin", username="admin", password="admin",
-                             extra={"realm": "master", "client_id": "admin-cli"})
+    assert admin == EvalUser(
+        role="admin", username="admin", password="admin", extra={"realm": "master", "client_id": "admin-cli"}
+    )
 
 
 def test_email_slash_password_bullets():
@@ -382,8 +591,10 @@ def test_bytes_are_decoded():
 
 
 def test_no_headings_reads_the_whole_text():
-    text = ("You work inside the container `c1`, with `/srv` as the working directory.\n\n"
-            "**The application MUST listen on port `9000`.**\n")
+    text = (
+        "You work inside the container `c1`, with `/srv` as the working directory.\n\n"
+        "**The application MUST listen on port `9000`.**\n"
+    )
     facts = parse_prompt_for_model(text, source="inline")
     assert facts.prompt_text == text.strip()
     assert (facts.container, facts.workdir, facts.app_port, facts.host_port) == ("c1", "/srv", 9000, None)
@@ -400,11 +611,13 @@ def test_prompt_section_without_tester_workflow_ends_at_the_next_section():
 
 
 def test_a_users_table_alone():
-    text = ("Create these users, all with password `Shared1!`:\n\n"
-            "| Role | Email | Password |\n|---|---|---|\n"
-            "| **Admin** | `root@x.io` | `Pw1!` |\n"
-            "| viewer | view@x.io (read only) | |\n"
-            "| many | `<role>@x.io` | `Pw` |\n")
+    text = (
+        "Create these users, all with password `Shared1!`:\n\n"
+        "| Role | Email | Password |\n|---|---|---|\n"
+        "| **Admin** | `root@x.io` | `Pw1!` |\n"
+        "| viewer | view@x.io (read only) | |\n"
+        "| many | `<role>@x.io` | `Pw` |\n"
+    )
     facts = parse_prompt_for_model(text)
     assert facts.users == [
         EvalUser(role="admin", email="root@x.io", password="Pw1!"),
@@ -434,8 +647,11 @@ def test_garbage_gives_warnings_not_exceptions():
         ("**The application MUST listen on container port `8000`** (mapped to host port `8014`).", (8000, 8014)),
         ("**The application must listen on host port `8016` (container port `3000` is recommended).**", (3000, 8016)),
         ("**The webapp MUST listen on container port `8031` (host port `8031`).**", (8031, None)),
-        ("**The application MUST listen on port `8017`** (mapped to host `localhost:8017`).\n\n"
-         "8. Start it bound to `0.0.0.0:80` (container port 80 is mapped to host port 8017).", (80, 8017)),
+        (
+            "**The application MUST listen on port `8017`** (mapped to host `localhost:8017`).\n\n"
+            "8. Start it bound to `0.0.0.0:80` (container port 80 is mapped to host port 8017).",
+            (80, 8017),
+        ),
         ("Start the server listening on `0.0.0.0:8123`.", (8123, None)),
     ],
 )

@@ -78,9 +78,11 @@ print(data.decode().replace("\r\n", "|"))
 
 def leftovers(client, trial: str) -> list[str]:
     flt = {"label": f"{L_TRIAL}={trial}"}
-    return ([f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
-            + [f"network {n.name}" for n in client.networks.list(filters=flt)]
-            + [f"volume {v.name}" for v in client.volumes.list(filters=flt)])
+    return (
+        [f"container {c.name}" for c in client.containers.list(all=True, filters=flt)]
+        + [f"network {n.name}" for n in client.networks.list(filters=flt)]
+        + [f"volume {v.name}" for v in client.volumes.list(filters=flt)]
+    )
 
 
 def task_compose(tmp_path: Path, task: str) -> Path:
@@ -100,8 +102,30 @@ def exec_in(container, argv: list[str], environment: dict[str, str] | None = Non
 def psql_tcp(container, user: str, password: str, db: str, sql: str) -> tuple[int, str, str]:
     """psql in the db container over TCP to the service name (not the socket, not 127.0.0.1: the
     pg_hba line for other hosts, i.e. password authentication, applies)."""
-    return exec_in(container, ["psql", "-X", "-w", "-h", "db", "-p", "5432", "-U", user, "-d", db, "-v", "ON_ERROR_STOP=1",
-                               "-tA", "-F", "|", "-c", sql], environment={"PGPASSWORD": password})
+    return exec_in(
+        container,
+        [
+            "psql",
+            "-X",
+            "-w",
+            "-h",
+            "db",
+            "-p",
+            "5432",
+            "-U",
+            user,
+            "-d",
+            db,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-tA",
+            "-F",
+            "|",
+            "-c",
+            sql,
+        ],
+        environment={"PGPASSWORD": password},
+    )
 
 
 # --- task_cvyocaao: app + postgres:16-alpine ----------------------------------------------------------
@@ -141,7 +165,10 @@ def test_cvyocaao_comes_up_with_debian_substitutes(docker_client, python_image, 
     assert db.command is None and db.entrypoint[:2] == ["bash", "-c"]
     assert db.healthcheck.test == ["CMD-SHELL", "pg_isready -U appcvyocaao -d app_cvyocaao"]
     assert db.init_sql == "./init-db.sql" and db.environment == {
-        "POSTGRES_DB": "app_cvyocaao", "POSTGRES_USER": "appcvyocaao", "POSTGRES_PASSWORD": "app123cvyocaao"}
+        "POSTGRES_DB": "app_cvyocaao",
+        "POSTGRES_USER": "appcvyocaao",
+        "POSTGRES_PASSWORD": "app123cvyocaao",
+    }
 
     env = DockerEnvironment(spec=spec, client=docker_client, health_deadline_s=180)
     with env:
@@ -163,22 +190,37 @@ def test_cvyocaao_comes_up_with_debian_substitutes(docker_client, python_image, 
         assert r.stdout.strip() == "R 10 SCRAM-SHA-256"
 
         # the compose credentials over TCP with a password; the stand-in init-db.sql ran in app_cvyocaao
-        code, out, err = psql_tcp(dbc, "appcvyocaao", "app123cvyocaao", "app_cvyocaao", (
-            "SELECT current_user, current_database(), inet_server_addr() IS NOT NULL, "
-            "(SELECT extname FROM pg_extension WHERE extname = 'pgcrypto'), "
-            "(SELECT note || ':' || length(token) FROM saasbench_init_marker), "
-            "(SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid WHERE rolname = current_user), "
-            "current_setting('data_directory'), current_setting('listen_addresses')"))
+        code, out, err = psql_tcp(
+            dbc,
+            "appcvyocaao",
+            "app123cvyocaao",
+            "app_cvyocaao",
+            (
+                "SELECT current_user, current_database(), inet_server_addr() IS NOT NULL, "
+                "(SELECT extname FROM pg_extension WHERE extname = 'pgcrypto'), "
+                "(SELECT note || ':' || length(token) FROM saasbench_init_marker), "
+                "(SELECT rolpassword LIKE 'SCRAM-SHA-256$%' FROM pg_authid WHERE rolname = current_user), "
+                "current_setting('data_directory'), current_setting('listen_addresses')"
+            ),
+        )
         assert code == 0, err
-        assert out.strip() == ("appcvyocaao|app_cvyocaao|t|pgcrypto|stand-in init-db.sql ran:16|t"
-                               "|/var/lib/postgresql/data|*")
+        assert out.strip() == (
+            "appcvyocaao|app_cvyocaao|t|pgcrypto|stand-in init-db.sql ran:16|t|/var/lib/postgresql/data|*"
+        )
         # ... and a wrong password is refused (TCP is not trust)
         code, out, err = psql_tcp(dbc, "appcvyocaao", "wrong", "app_cvyocaao", "SELECT 1")
         assert code != 0 and "password authentication failed" in err
 
         # postgres itself runs as postgres, directly under the container's init (no su-like parent)
-        code, out, _ = exec_in(dbc, ["bash", "-c", "pid=$(head -n 1 /var/lib/postgresql/data/postmaster.pid); "
-                                                   "stat -c %U /proc/$pid; awk '/^PPid:/ {print $2}' /proc/$pid/status"])
+        code, out, _ = exec_in(
+            dbc,
+            [
+                "bash",
+                "-c",
+                "pid=$(head -n 1 /var/lib/postgresql/data/postmaster.pid); "
+                "stat -c %U /proc/$pid; awk '/^PPid:/ {print $2}' /proc/$pid/status",
+            ],
+        )
         assert code == 0 and out.split() == ["postgres", "1"]
 
         # a restart keeps the data and does not run init-db.sql again (the data directory is initialised)
@@ -187,8 +229,9 @@ def test_cvyocaao_comes_up_with_debian_substitutes(docker_client, python_image, 
         while exec_in(dbc, db.healthcheck.argv())[0] != 0:
             assert time.monotonic() < end, dbc.logs().decode()[-2000:]
             time.sleep(0.5)
-        code, out, err = psql_tcp(dbc, "appcvyocaao", "app123cvyocaao", "app_cvyocaao",
-                                  "SELECT count(*) FROM saasbench_init_marker")
+        code, out, err = psql_tcp(
+            dbc, "appcvyocaao", "app123cvyocaao", "app_cvyocaao", "SELECT count(*) FROM saasbench_init_marker"
+        )
         assert code == 0 and out.strip() == "1", err
         assert dbc.logs().decode().count("running /docker-entrypoint-initdb.d/init-db.sql") == 1
 
@@ -203,25 +246,39 @@ def test_cvyocaao_comes_up_with_debian_substitutes(docker_client, python_image, 
 
 # --- task_hhrdixum: app + postgres:16-bookworm (POSTGRES_INITDB_ARGS) + redis:7-alpine with a command -
 def test_hhrdixum_service_commands_and_initdb_args_apply(docker_client, python_image, postgres_image, tmp_path):
-    spec = apply_image_map(import_compose(task_compose(tmp_path, "task_hhrdixum"), variables={"IMAGE_TAG": "model"}),
-                           read_image_map(IMAGE_MAP))
+    spec = apply_image_map(
+        import_compose(task_compose(tmp_path, "task_hhrdixum"), variables={"IMAGE_TAG": "model"}),
+        read_image_map(IMAGE_MAP),
+    )
     assert {n.service: (n.declared, n.image, n.available) for n in image_needs(spec, docker_client)} == {
         "app": ("shadetocloak/task_hhrdixum-app:model", python_image, True),
         "db": ("postgres:16-bookworm", postgres_image, True),
         "cache": ("redis:7-alpine", postgres_image, True),
     }
     cache = spec.services["cache"]
-    assert cache.command == ["redis-server", "--appendonly", "yes", "--maxmemory", "512mb",
-                             "--maxmemory-policy", "allkeys-lru"]  # the task's own, kept under the entrypoint
+    assert cache.command == [
+        "redis-server",
+        "--appendonly",
+        "yes",
+        "--maxmemory",
+        "512mb",
+        "--maxmemory-policy",
+        "allkeys-lru",
+    ]  # the task's own, kept under the entrypoint
 
     env = DockerEnvironment(spec=spec, client=docker_client, health_deadline_s=180)
     with env:
         trial = env.trial_id
         dbc, cachec = env.container("db"), env.container("cache")
         # POSTGRES_INITDB_ARGS "--encoding=UTF8 --locale=C" reached initdb
-        code, out, err = psql_tcp(dbc, "apphhrdixum", "app123hhrdixum", "app_hhrdixum",
-                                  "SELECT current_setting('lc_collate'), current_setting('server_encoding'), "
-                                  "(SELECT count(*) FROM saasbench_init_marker)")
+        code, out, err = psql_tcp(
+            dbc,
+            "apphhrdixum",
+            "app123hhrdixum",
+            "app_hhrdixum",
+            "SELECT current_setting('lc_collate'), current_setting('server_encoding'), "
+            "(SELECT count(*) FROM saasbench_init_marker)",
+        )
         assert code == 0, err
         assert out.strip() == "C|UTF8|1"
 
@@ -236,12 +293,17 @@ def test_hhrdixum_service_commands_and_initdb_args_apply(docker_client, python_i
         assert code == 0 and out.split() == ["maxmemory", str(512 * 1024 * 1024)]
         code, out, _ = exec_in(cachec, ["redis-cli", "CONFIG", "GET", "dir"])
         assert code == 0 and out.split() == ["dir", "/data"]
-        code, out, _ = exec_in(cachec, ["bash", "-c", "stat -c %U /proc/$(redis-cli INFO server | "
-                                                      "sed -n 's/^process_id:\\([0-9]*\\).*/\\1/p')"])
+        code, out, _ = exec_in(
+            cachec,
+            ["bash", "-c", "stat -c %U /proc/$(redis-cli INFO server | sed -n 's/^process_id:\\([0-9]*\\).*/\\1/p')"],
+        )
         assert code == 0 and out.strip() == "redis"
         # the compose file's network aliases resolve on the trial network (hhrdixum's app uses postgres / redis)
-        r = env.exec("python3 -c \"import socket; print(socket.gethostbyname('postgres') == socket.gethostbyname('db'), "
-                     "socket.gethostbyname('redis') == socket.gethostbyname('cache'))\"", timeout_s=20)
+        r = env.exec(
+            "python3 -c \"import socket; print(socket.gethostbyname('postgres') == socket.gethostbyname('db'), "
+            "socket.gethostbyname('redis') == socket.gethostbyname('cache'))\"",
+            timeout_s=20,
+        )
         assert r.ok and r.stdout.strip() == "True True", r.stderr
         # the app's own command ran (model mode: no /app/bin/start.sh, so it sleeps)
         assert "no /app/bin/start.sh" in env.logs("app")
@@ -250,7 +312,9 @@ def test_hhrdixum_service_commands_and_initdb_args_apply(docker_client, python_i
 
 @pytest.mark.parametrize("task", ["task_cvyocaao", "task_hhrdixum"])
 def test_image_map_maps_every_image_of_the_task(task, tmp_path):
-    spec = apply_image_map(import_compose(task_compose(tmp_path, task), variables=MODEL_MODE), read_image_map(IMAGE_MAP))
+    spec = apply_image_map(
+        import_compose(task_compose(tmp_path, task), variables=MODEL_MODE), read_image_map(IMAGE_MAP)
+    )
     assert set(spec.substitutions) == set(spec.services)
 
 

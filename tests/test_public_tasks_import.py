@@ -68,8 +68,12 @@ def test_public_task_imports_with_readiness_and_facts(catalogue: Path, task_id: 
 def test_users_and_db_credentials_reach_the_auth_profile_and_prompt(catalogue: Path) -> None:
     task = load_task("aoiwqoiq", catalogue)
     users = task.spec.auth.users
-    assert users["admin"] == {"username": "eval_admin", "email": "eval_admin@eval.test", "password": "EvalPass12345!",
-                              **{k: v for k, v in users["admin"].items() if k not in ("username", "email", "password")}}
+    assert users["admin"] == {
+        "username": "eval_admin",
+        "email": "eval_admin@eval.test",
+        "password": "EvalPass12345!",
+        **{k: v for k, v in users["admin"].items() if k not in ("username", "email", "password")},
+    }
     assert task.spec.auth.default_role == "admin"
 
     class DockerLike:  # the attributes build_prompt reads from an environment
@@ -87,7 +91,12 @@ def test_users_and_db_credentials_reach_the_auth_profile_and_prompt(catalogue: P
     assert "listening on 0.0.0.0:8020" in prompt and "bash run.sh" not in prompt
     iy = load_task("iyjruvfz", catalogue)
     assert iy.spec.environment["db_host"] == "postgres"
-    assert sorted(iy.spec.environment["secrets"]) == ["APP_ENCRYPTION_KEY", "CRON_API_KEY", "JWT_SECRET", "NEXTAUTH_SECRET"]
+    assert sorted(iy.spec.environment["secrets"]) == [
+        "APP_ENCRYPTION_KEY",
+        "CRON_API_KEY",
+        "JWT_SECRET",
+        "NEXTAUTH_SECRET",
+    ]
 
 
 def test_missing_env_file_warning_names_the_documented_variables(tmp_path: Path) -> None:

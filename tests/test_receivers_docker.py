@@ -10,10 +10,17 @@ from saasbench.evaluation.engine import Engine
 
 
 def _dag(body: str) -> object:
-    step = {"type": "P27", "inputs": {
-        "trigger": {"type": "exec", "command": f"wget -q -O- --header 'Content-Type: application/json' "
-                                              f"--post-data '{body}' {{{{webhook_url}}}} || true"},
-        "expect_delivery": {"body_contains": {"event": "invoice.created"}, "timeout_ms": 10000}}}
+    step = {
+        "type": "P27",
+        "inputs": {
+            "trigger": {
+                "type": "exec",
+                "command": f"wget -q -O- --header 'Content-Type: application/json' "
+                f"--post-data '{body}' {{{{webhook_url}}}} || true",
+            },
+            "expect_delivery": {"body_contains": {"event": "invoice.created"}, "timeout_ms": 10000},
+        },
+    }
     node = {"id": "HOOK", "steps": [step], "scoring": {"category": "Webhook", "method": "binary", "maxScore": 2}}
     return load_dag_data({"nodes": [node]}).dag
 

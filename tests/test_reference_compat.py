@@ -36,10 +36,20 @@ def base_url():
     server.server_close()
 
 
-def node(node_id: str, steps: list[dict[str, Any]], *, prereqs: list[str] | None = None, method: str = "binary",
-         max_score: float = 2) -> dict[str, Any]:
-    return {"id": node_id, "prereqs": prereqs or [], "steps": steps,
-            "scoring": {"category": "CRUD", "method": method, "maxScore": max_score}}
+def node(
+    node_id: str,
+    steps: list[dict[str, Any]],
+    *,
+    prereqs: list[str] | None = None,
+    method: str = "binary",
+    max_score: float = 2,
+) -> dict[str, Any]:
+    return {
+        "id": node_id,
+        "prereqs": prereqs or [],
+        "steps": steps,
+        "scoring": {"category": "CRUD", "method": method, "maxScore": max_score},
+    }
 
 
 def login() -> dict[str, Any]:
@@ -48,8 +58,11 @@ def login() -> dict[str, Any]:
 
 def run(base_url: str, nodes: list[dict[str, Any]], *, compat: str = "strict", judge: bool = False) -> dict[str, Any]:
     dag = load_dag_data({"nodes": nodes}).dag
-    ctx = RunContext(Target(base_url=base_url), options=RunOptions(compat=compat, judge_enabled=judge),
-                     auth_profile=load_auth_profile(AUTH))
+    ctx = RunContext(
+        Target(base_url=base_url),
+        options=RunOptions(compat=compat, judge_enabled=judge),
+        auth_profile=load_auth_profile(AUTH),
+    )
     report: RunReport = Engine(dag, ctx).run()
     return {r.id: r for r in report.nodes}
 
@@ -59,51 +72,105 @@ def explain(results: dict[str, Any]) -> str:
 
 
 def test_saved_response_exposes_created_id(base_url: str) -> None:
-    out = run(base_url, [node("SAVE", [
-        login(),
-        {"type": "P04", "inputs": {"method": "POST", "path": "/api/projects", "body": {"name": "saved-created-id"},
-                                   "save_as": "proj"}},
-        {"type": "P04", "inputs": {"method": "GET", "path": "/api/projects/{{proj.created_id}}"}},
-        {"type": "P15", "inputs": {"expected_status": 200}},
-        {"type": "P07", "inputs": {"assertions": [{"path": "$.name", "expected": "saved-created-id"}]}},
-    ])])
+    out = run(
+        base_url,
+        [
+            node(
+                "SAVE",
+                [
+                    login(),
+                    {
+                        "type": "P04",
+                        "inputs": {
+                            "method": "POST",
+                            "path": "/api/projects",
+                            "body": {"name": "saved-created-id"},
+                            "save_as": "proj",
+                        },
+                    },
+                    {"type": "P04", "inputs": {"method": "GET", "path": "/api/projects/{{proj.created_id}}"}},
+                    {"type": "P15", "inputs": {"expected_status": 200}},
+                    {"type": "P07", "inputs": {"assertions": [{"path": "$.name", "expected": "saved-created-id"}]}},
+                ],
+            )
+        ],
+    )
     assert out["SAVE"].status is Status.PASSED, explain(out)
 
 
 def test_p07_after_p05_reads_the_created_entity(base_url: str) -> None:
-    out = run(base_url, [node("CRUD", [
-        login(),
-        {"type": "P05", "inputs": {"resource": "/api/projects", "create_body": {"name": "p05-document"},
-                                   "keep_alive": True}},
-        {"type": "P07", "inputs": {"assertions": [{"path": "$.name", "expected": "p05-document"}]}},
-    ])])
+    out = run(
+        base_url,
+        [
+            node(
+                "CRUD",
+                [
+                    login(),
+                    {
+                        "type": "P05",
+                        "inputs": {
+                            "resource": "/api/projects",
+                            "create_body": {"name": "p05-document"},
+                            "keep_alive": True,
+                        },
+                    },
+                    {"type": "P07", "inputs": {"assertions": [{"path": "$.name", "expected": "p05-document"}]}},
+                ],
+            )
+        ],
+    )
     assert out["CRUD"].status is Status.PASSED, explain(out)
 
 
 def test_p07_after_p05_still_reads_the_summary_fields(base_url: str) -> None:
     """Family D asserts P05's own counters; the body has no such key, so the summary fills in."""
-    out = run(base_url, [node("CRUD", [
-        login(),
-        {"type": "P05", "inputs": {"resource": "/api/projects", "create_body": {"name": "p05-summary"}}},
-        {"type": "P07", "inputs": {"assertions": [{"path": "$.steps_passed", "expected": 3}]}},
-    ])])
+    out = run(
+        base_url,
+        [
+            node(
+                "CRUD",
+                [
+                    login(),
+                    {"type": "P05", "inputs": {"resource": "/api/projects", "create_body": {"name": "p05-summary"}}},
+                    {"type": "P07", "inputs": {"assertions": [{"path": "$.steps_passed", "expected": 3}]}},
+                ],
+            )
+        ],
+    )
     assert out["CRUD"].status is Status.PASSED, explain(out)
 
 
 def test_keep_alive_recreates_the_entity_with_its_create_time_values(base_url: str) -> None:
-    out = run(base_url, [
-        node("CRUD_KEEP", [
-            login(),
-            {"type": "P05", "inputs": {"resource": "/api/projects", "create_body": {"name": "kept-original"},
-                                       "update_body": {"name": "kept-updated"}, "keep_alive": True}},
-        ]),
-        node("LATER", [
-            login(),
-            {"type": "P04", "inputs": {"method": "GET", "path": "/api/projects/{{CRUD_KEEP.created_id}}"}},
-            {"type": "P15", "inputs": {"expected_status": 200}},
-            {"type": "P07", "inputs": {"assertions": [{"path": "$.name", "expected": "kept-original"}]}},
-        ], prereqs=["CRUD_KEEP"]),
-    ])
+    out = run(
+        base_url,
+        [
+            node(
+                "CRUD_KEEP",
+                [
+                    login(),
+                    {
+                        "type": "P05",
+                        "inputs": {
+                            "resource": "/api/projects",
+                            "create_body": {"name": "kept-original"},
+                            "update_body": {"name": "kept-updated"},
+                            "keep_alive": True,
+                        },
+                    },
+                ],
+            ),
+            node(
+                "LATER",
+                [
+                    login(),
+                    {"type": "P04", "inputs": {"method": "GET", "path": "/api/projects/{{CRUD_KEEP.created_id}}"}},
+                    {"type": "P15", "inputs": {"expected_status": 200}},
+                    {"type": "P07", "inputs": {"assertions": [{"path": "$.name", "expected": "kept-original"}]}},
+                ],
+                prereqs=["CRUD_KEEP"],
+            ),
+        ],
+    )
     assert out["CRUD_KEEP"].status is Status.PASSED, explain(out)
     steps = out["CRUD_KEEP"].steps[1].evidence["steps"]
     assert [s["step"] for s in steps] == ["create", "read", "update", "delete", "recreate"]
@@ -111,30 +178,70 @@ def test_keep_alive_recreates_the_entity_with_its_create_time_values(base_url: s
 
 
 def test_skip_delete_keeps_the_entity_without_recreating_it(base_url: str) -> None:
-    out = run(base_url, [node("CRUD_SKIP", [
-        login(),
-        {"type": "P05", "inputs": {"resource": "/api/projects", "create_body": {"name": "skip-delete"},
-                                   "skip_delete": True}},
-    ])])
+    out = run(
+        base_url,
+        [
+            node(
+                "CRUD_SKIP",
+                [
+                    login(),
+                    {
+                        "type": "P05",
+                        "inputs": {
+                            "resource": "/api/projects",
+                            "create_body": {"name": "skip-delete"},
+                            "skip_delete": True,
+                        },
+                    },
+                ],
+            )
+        ],
+    )
     steps = out["CRUD_SKIP"].steps[1].evidence["steps"]
     assert [s["step"] for s in steps] == ["create", "read"]
 
 
 def test_p14_expected_status_widens_the_deny_set(base_url: str) -> None:
     """A 404 for a record the caller may not see is a denial, even when the DAG names 403."""
-    out = run(base_url, [node("HIDDEN", [
-        login(),
-        {"type": "P14", "inputs": {"method": "GET", "path": "/api/projects/987654", "expected_result": "denied",
-                                   "expected_status": 403}},
-    ])])
+    out = run(
+        base_url,
+        [
+            node(
+                "HIDDEN",
+                [
+                    login(),
+                    {
+                        "type": "P14",
+                        "inputs": {
+                            "method": "GET",
+                            "path": "/api/projects/987654",
+                            "expected_result": "denied",
+                            "expected_status": 403,
+                        },
+                    },
+                ],
+            )
+        ],
+    )
     assert out["HIDDEN"].status is Status.PASSED, explain(out)
 
 
 def test_p14_expected_status_without_denied_still_replaces_the_defaults(base_url: str) -> None:
-    out = run(base_url, [node("EXACT", [
-        login(),
-        {"type": "P14", "inputs": {"method": "GET", "path": "/api/projects/987654", "expected_status": 403}},
-    ])])
+    out = run(
+        base_url,
+        [
+            node(
+                "EXACT",
+                [
+                    login(),
+                    {
+                        "type": "P14",
+                        "inputs": {"method": "GET", "path": "/api/projects/987654", "expected_status": 403},
+                    },
+                ],
+            )
+        ],
+    )
     assert out["EXACT"].status is Status.FAILED, explain(out)
 
 
@@ -157,11 +264,37 @@ def test_order_decides_shared_state_and_compat_reference_runs_fifo(base_url: str
     """DROP uses MAKE's project without declaring it (a real-DAG defect): the order decides READ."""
     for compat, read_status in (("strict", Status.PASSED), ("reference", Status.FAILED)):
         nodes = [
-            node("MAKE", [login(), {"type": "P04", "inputs": {"method": "POST", "path": "/api/projects",
-                                                              "body": {"name": f"order-{compat}"}, "save_as": "shared"}}]),
-            node("READ", [login(), {"type": "P04", "inputs": {"method": "GET", "path": "/api/projects/{{shared.created_id}}"}},
-                          {"type": "P15", "inputs": {"expected_status": 200}}], prereqs=["MAKE"]),
-            node("DROP", [login(), {"type": "P04", "inputs": {"method": "DELETE", "path": "/api/projects/{{shared.created_id}}"}}]),
+            node(
+                "MAKE",
+                [
+                    login(),
+                    {
+                        "type": "P04",
+                        "inputs": {
+                            "method": "POST",
+                            "path": "/api/projects",
+                            "body": {"name": f"order-{compat}"},
+                            "save_as": "shared",
+                        },
+                    },
+                ],
+            ),
+            node(
+                "READ",
+                [
+                    login(),
+                    {"type": "P04", "inputs": {"method": "GET", "path": "/api/projects/{{shared.created_id}}"}},
+                    {"type": "P15", "inputs": {"expected_status": 200}},
+                ],
+                prereqs=["MAKE"],
+            ),
+            node(
+                "DROP",
+                [
+                    login(),
+                    {"type": "P04", "inputs": {"method": "DELETE", "path": "/api/projects/{{shared.created_id}}"}},
+                ],
+            ),
         ]
         out = run(base_url, nodes, compat=compat)
         assert list(out) == (["MAKE", "READ", "DROP"] if compat == "strict" else ["MAKE", "DROP", "READ"])
@@ -181,11 +314,26 @@ def test_dag_plan_prints_the_reference_order(tmp_path: Path) -> None:
 
 # --- judge-less runs --------------------------------------------------------------------------------
 JUDGE_NODES = [
-    node("GATE", [{"type": "P04", "inputs": {"method": "GET", "path": "/no-such-page"}},
-                  {"type": "P15", "inputs": {"expected_status": 200}}]),
-    node("LOOKS", [{"type": "P04", "inputs": {"method": "GET", "path": "/"}},
-                   {"type": "P17", "inputs": {"rubric_prompt": "Is the home page good?", "evidence_type": "http_response_html"}}],
-         prereqs=["GATE"], method="llm-judge", max_score=5),
+    node(
+        "GATE",
+        [
+            {"type": "P04", "inputs": {"method": "GET", "path": "/no-such-page"}},
+            {"type": "P15", "inputs": {"expected_status": 200}},
+        ],
+    ),
+    node(
+        "LOOKS",
+        [
+            {"type": "P04", "inputs": {"method": "GET", "path": "/"}},
+            {
+                "type": "P17",
+                "inputs": {"rubric_prompt": "Is the home page good?", "evidence_type": "http_response_html"},
+            },
+        ],
+        prereqs=["GATE"],
+        method="llm-judge",
+        max_score=5,
+    ),
 ]
 
 

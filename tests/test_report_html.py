@@ -33,7 +33,7 @@ def test_static_page_is_self_contained(page_file: Path) -> None:
     text = page_file.read_text()
     assert "<script" not in text.replace(html.escape(HOSTILE), "")  # the only "script" is the escaped message
     assert html.escape(HOSTILE) in text
-    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text)   # no external URL
+    assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text)  # no external URL
     assert "http:" not in text and "https:" not in text and "//" not in text  # not even a namespace URI
     assert "@import" not in text and "url(" not in text
     assert "default-src 'none'" in text
@@ -42,10 +42,33 @@ def test_static_page_is_self_contained(page_file: Path) -> None:
 def test_every_lake_string_is_escaped() -> None:
     evil = '"><img src=x onerror=alert(1)>'
     report = aggregate.compute(
-        [{"sweep_id": "s", "trial_id": "t", "task_id": evil, "agent": evil, "model": evil, "attempt": 0,
-          "domain": evil, "outcome": "completed"}],
-        [{"sweep_id": "s", "trial_id": "t", "task_id": evil, "node_id": evil, "category": evil,
-          "method": "binary", "status": "FAILED", "score": 0.0, "max_score": 1.0, "message": evil}])
+        [
+            {
+                "sweep_id": "s",
+                "trial_id": "t",
+                "task_id": evil,
+                "agent": evil,
+                "model": evil,
+                "attempt": 0,
+                "domain": evil,
+                "outcome": "completed",
+            }
+        ],
+        [
+            {
+                "sweep_id": "s",
+                "trial_id": "t",
+                "task_id": evil,
+                "node_id": evil,
+                "category": evil,
+                "method": "binary",
+                "status": "FAILED",
+                "score": 0.0,
+                "max_score": 1.0,
+                "message": evil,
+            }
+        ],
+    )
     page = render(report)
     assert "<img" not in page and html.escape(evil) in page
     svg = grouped_bar_chart("c", [evil], [(evil, [1.0])]) + stacked_bar_chart("s", [(evil, {"PASSED": 1})])
@@ -55,6 +78,7 @@ def test_every_lake_string_is_escaped() -> None:
 def test_page_in_headless_chromium(page_file: Path) -> None:
     assert Path(CHROMIUM).exists(), "Debian chromium is needed (scripts/test.sh installs it)"
     from playwright import sync_api
+
     blocked: list[str] = []
     dialogs: list[str] = []
 
@@ -74,10 +98,10 @@ def test_page_in_headless_chromium(page_file: Path) -> None:
             page.goto(page_file.as_uri())
             page.wait_for_load_state("load")
 
-            assert page.locator("#table2 tbody tr").count() == 2        # oh / m1 and cc / m2
-            assert page.locator("#table2 thead th").count() == 9        # label, Pass@1, coverage, 6 domains
+            assert page.locator("#table2 tbody tr").count() == 2  # oh / m1 and cc / m2
+            assert page.locator("#table2 thead th").count() == 9  # label, Pass@1, coverage, 6 domains
             assert page.locator("#table3 tbody tr").count() == 2
-            assert page.locator("#table3 thead th").count() == 7        # label + six backbones
+            assert page.locator("#table3 thead th").count() == 7  # label + six backbones
             assert page.locator("#trials tbody tr").count() == 2
             row = page.locator("#table2 tbody tr", has_text="oh / m1").first
             assert "60.63" in row.inner_text() and "69.23" in row.inner_text()
@@ -92,8 +116,8 @@ def test_page_in_headless_chromium(page_file: Path) -> None:
             assert box and box["width"] > 0 and box["height"] > 0
 
             cells = page.locator("#nodes tbody td", has_text=HOSTILE)
-            assert cells.count() >= 1                                   # shown as text
-            assert page.locator("#nodes script").count() == 0           # never parsed as a tag
+            assert cells.count() >= 1  # shown as text
+            assert page.locator("#nodes script").count() == 0  # never parsed as a tag
             assert page.locator("body script").count() == 0
             assert "XMPPSignaling" in page.locator("#unknown-categories").inner_text()
         finally:
@@ -104,4 +128,4 @@ def test_page_in_headless_chromium(page_file: Path) -> None:
 
 def test_no_browser_needed_for_render_of_empty_report() -> None:
     page = render(aggregate.compute([], []))
-    assert "<table id=\"table2\">" in page and "<svg" in page
+    assert '<table id="table2">' in page and "<svg" in page

@@ -30,8 +30,11 @@ from saasbench.cli.rollout import rollout_cmd
 from saasbench.environments.local import _kill_group, free_port
 
 TASK_DIR = Path(__file__).resolve().parents[1] / "tasks" / "timetrack"
-REFERENCE = sorted(p.relative_to(TASK_DIR / "reference").as_posix() for p in (TASK_DIR / "reference").rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts)
+REFERENCE = sorted(
+    p.relative_to(TASK_DIR / "reference").as_posix()
+    for p in (TASK_DIR / "reference").rglob("*")
+    if p.is_file() and "__pycache__" not in p.parts
+)
 
 
 def cli() -> typer.Typer:
@@ -66,8 +69,15 @@ def no_evaluation(monkeypatch):
 
 
 def call(name: str, args: dict, call_id: str = "c1") -> Reply:
-    return Reply.with_message({"role": "assistant", "content": "", "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+    return Reply.with_message(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            ],
+        }
+    )
 
 
 # --- oracle and nop ---------------------------------------------------------------------------------------
@@ -100,8 +110,14 @@ def test_rolled_out_workspace_scores_with_the_printed_follow_up(tmp_path) -> Non
     port = free_port()  # the task's port 8080 may be taken on this machine
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
     env |= follow["start_env"] | {"PORT": str(port), "APP_PORT": str(port)}
-    proc = subprocess.Popen(["bash", "-c", follow["start_command"]], cwd=follow["start_cwd"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", follow["start_command"]],
+        cwd=follow["start_cwd"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         url = follow["health_url"].replace(":8080", f":{port}")
         for _ in range(600):
@@ -121,7 +137,9 @@ def test_rolled_out_workspace_scores_with_the_printed_follow_up(tmp_path) -> Non
     finally:
         _kill_group(proc.pid, leader=proc)
     report = json.loads((out / "evaluation" / "report.json").read_text())
-    failed = {n["id"]: (n["status"], n["message"]) for n in report["nodes"] if n["status"] not in ("PASSED", "SKIPPED_LLM")}
+    failed = {
+        n["id"]: (n["status"], n["message"]) for n in report["nodes"] if n["status"] not in ("PASSED", "SKIPPED_LLM")
+    }
     # the printed command carries --exec local:<workspace> and the app's variables, so P12 runs too
     assert "--exec" in follow["evaluate_argv"]
     assert failed == {}
@@ -130,8 +148,9 @@ def test_rolled_out_workspace_scores_with_the_printed_follow_up(tmp_path) -> Non
 
 def test_nop_rollout(tmp_path, no_evaluation) -> None:
     out = tmp_path / "nop"
-    res = invoke("timetrack", "--agent", "nop", "--out", str(out), "--max-steps", "7", "--wall-s", "30",
-                 "--tool-timeout-s", "5")
+    res = invoke(
+        "timetrack", "--agent", "nop", "--out", str(out), "--max-steps", "7", "--wall-s", "30", "--tool-timeout-s", "5"
+    )
     assert res.exit_code == 0, res.output
     assert files_under(out / "workspace") == ["knowledge_base.json", "task.md"]
     manifest = json.loads((out / "rollout.json").read_text())
@@ -161,15 +180,30 @@ def llm(monkeypatch):
 
 
 def test_builtin_rollout_prints_steps_and_tokens_and_records_in_lake(tmp_path, llm, no_evaluation) -> None:
-    llm.queue(call("shell", {"command": "echo hi > hello.txt && ls"}, "c1"),
-              call("write_file", {"path": "notes/plan.md", "content": "# plan\n"}, "c2"),
-              call("finish", {"summary": "done"}, "c3"))
+    llm.queue(
+        call("shell", {"command": "echo hi > hello.txt && ls"}, "c1"),
+        call("write_file", {"path": "notes/plan.md", "content": "# plan\n"}, "c2"),
+        call("finish", {"summary": "done"}, "c3"),
+    )
     out, lake = tmp_path / "ro", tmp_path / "lake"
     # a model litellm knows the price of, served by the fake server: the cost is not zero
-    res = invoke("timetrack", "--agent", "builtin", "--model", "openai/gpt-4o-mini", "--max-steps", "10",
-                 "--out", str(out), "--lake", str(lake))
+    res = invoke(
+        "timetrack",
+        "--agent",
+        "builtin",
+        "--model",
+        "openai/gpt-4o-mini",
+        "--max-steps",
+        "10",
+        "--out",
+        str(out),
+        "--lake",
+        str(lake),
+    )
     assert res.exit_code == 0, res.output
-    assert re.search(r"step +1 shell echo hi > hello\.txt", res.output) and re.search(r"step +2 write_file notes/plan\.md", res.output)
+    assert re.search(r"step +1 shell echo hi > hello\.txt", res.output) and re.search(
+        r"step +2 write_file notes/plan\.md", res.output
+    )
     assert len(re.findall(r"model turn \d+: \d+ in / \d+ out", res.output)) == 3
     m = re.search(r"tokens in / out\s*│\s*(\d+) / (\d+)", res.output)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0, res.output
@@ -184,7 +218,11 @@ def test_builtin_rollout_prints_steps_and_tokens_and_records_in_lake(tmp_path, l
     trial = lakelib.query(str(lake), "SELECT * FROM trials").to_pylist()
     assert len(trial) == 1
     t = trial[0]
-    assert t["sweep_id"] == "rollout-timetrack-builtin" and t["outcome"] == "completed" and t["model"] == "openai/gpt-4o-mini"
+    assert (
+        t["sweep_id"] == "rollout-timetrack-builtin"
+        and t["outcome"] == "completed"
+        and t["model"] == "openai/gpt-4o-mini"
+    )
     assert (t["steps"], t["tokens_in"], t["tokens_out"]) == (3, manifest["tokens_in"], manifest["tokens_out"])
     assert t["cost_usd"] == pytest.approx(manifest["cost_usd"]) and t["task_score"] is None
     assert t["report_uri"] == str(out / "rollout.json") and "not evaluated" in t["outcome_detail"]
@@ -198,8 +236,19 @@ def test_builtin_rollout_prints_steps_and_tokens_and_records_in_lake(tmp_path, l
 def test_budget_options_override_the_task(tmp_path, llm, no_evaluation) -> None:
     llm.responder = lambda req: call("shell", {"command": "sleep 30"})
     out = tmp_path / "ro"
-    res = invoke("timetrack", "--agent", "builtin", "--model", "openai/fake", "--max-steps", "2",
-                 "--tool-timeout-s", "0.3", "--out", str(out))
+    res = invoke(
+        "timetrack",
+        "--agent",
+        "builtin",
+        "--model",
+        "openai/fake",
+        "--max-steps",
+        "2",
+        "--tool-timeout-s",
+        "0.3",
+        "--out",
+        str(out),
+    )
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / "rollout.json").read_text())
     assert manifest["outcome"] == "agent_budget_exceeded" and manifest["steps"] == 2
@@ -212,25 +261,67 @@ def test_budget_options_override_the_task(tmp_path, llm, no_evaluation) -> None:
 # --- a CLI agent: raw stream kept, a cheating stream voided ------------------------------------------------
 CHEAT_STREAM = [
     {"type": "system", "subtype": "init", "cwd": "/ws", "model": "claude-sonnet-4-5"},
-    {"type": "assistant", "message": {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t1", "name": "Write",
-         "input": {"file_path": "WS/setup.sh", "content": "#!/bin/sh\nset -e\ngit clone --depth 1 https://github.com/acme/timetracker vendor\ncp -r vendor/* .\n"}}],
-        "usage": {"input_tokens": 100, "output_tokens": 1}}},
-    {"type": "user", "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "File created"}]}},
-    {"type": "assistant", "message": {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "cd WS && bash setup.sh", "description": "set up"}}],
-        "usage": {"input_tokens": 120, "output_tokens": 1}}},
-    {"type": "user", "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "Cloning..."}]}},
-    {"type": "result", "subtype": "success", "is_error": False, "num_turns": 3, "result": "done",
-     "usage": {"input_tokens": 300, "output_tokens": 40}, "total_cost_usd": 0.0015},
+    {
+        "type": "assistant",
+        "message": {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "t1",
+                    "name": "Write",
+                    "input": {
+                        "file_path": "WS/setup.sh",
+                        "content": "#!/bin/sh\nset -e\ngit clone --depth 1 https://github.com/acme/timetracker vendor\ncp -r vendor/* .\n",
+                    },
+                }
+            ],
+            "usage": {"input_tokens": 100, "output_tokens": 1},
+        },
+    },
+    {
+        "type": "user",
+        "message": {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "File created"}],
+        },
+    },
+    {
+        "type": "assistant",
+        "message": {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "t2",
+                    "name": "Bash",
+                    "input": {"command": "cd WS && bash setup.sh", "description": "set up"},
+                }
+            ],
+            "usage": {"input_tokens": 120, "output_tokens": 1},
+        },
+    },
+    {
+        "type": "user",
+        "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "Cloning..."}]},
+    },
+    {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "num_turns": 3,
+        "result": "done",
+        "usage": {"input_tokens": 300, "output_tokens": 40},
+        "total_cost_usd": 0.0015,
+    },
 ]
 
-STANDIN = r'''#!{python}
+STANDIN = r"""#!{python}
 import os, sys
 ws = os.getcwd()
 for line in open({stream!r}):
     sys.stdout.write(line.replace("WS", ws))
-'''
+"""
 
 
 class StandinClaude(ClaudeCodeAgent):
@@ -256,8 +347,19 @@ def test_cli_agent_rollout_keeps_raw_stream_and_voids_a_cloning_script(tmp_path,
     exe.chmod(0o755)
     monkeypatch.setenv("TEST_STANDIN_BIN", str(bin_dir))
     out, lake = tmp_path / "ro", tmp_path / "lake"
-    res = invoke("timetrack", "--agent", "test_rollout:StandinClaude", "--model", "claude-sonnet-4-5", "--out", str(out),
-                 "--lake", str(lake), "--sweep-id", "my-rollouts")
+    res = invoke(
+        "timetrack",
+        "--agent",
+        "test_rollout:StandinClaude",
+        "--model",
+        "claude-sonnet-4-5",
+        "--out",
+        str(out),
+        "--lake",
+        str(lake),
+        "--sweep-id",
+        "my-rollouts",
+    )
     assert res.exit_code == 0, res.output
     manifest = json.loads((out / "rollout.json").read_text())
     assert manifest["outcome"] == "voided_cheat" and manifest["exit_reason"] == "completed"
@@ -269,9 +371,13 @@ def test_cli_agent_rollout_keeps_raw_stream_and_voids_a_cloning_script(tmp_path,
     assert raw.is_file() and raw.parent.parent == out / "agent" and raw.name == "claude_events.jsonl"
     assert '"name": "Write"' in raw.read_text()  # the raw stream as the CLI printed it
     assert re.search(r"anti-cheat git_clone \(void\)", res.output) and "voided_cheat" in res.output
-    t = lakelib.query(str(lake), "SELECT outcome, outcome_detail, valid FROM trials WHERE sweep_id = 'my-rollouts'").to_pylist()
+    t = lakelib.query(
+        str(lake), "SELECT outcome, outcome_detail, valid FROM trials WHERE sweep_id = 'my-rollouts'"
+    ).to_pylist()
     assert t[0]["outcome"] == "voided_cheat" and "git_clone" in t[0]["outcome_detail"]
-    ac = lakelib.query(str(lake), "SELECT content, data_json FROM trajectory_events WHERE kind = 'anticheat'").to_pylist()
+    ac = lakelib.query(
+        str(lake), "SELECT content, data_json FROM trajectory_events WHERE kind = 'anticheat'"
+    ).to_pylist()
     assert len(ac) == 1 and "git clone" in ac[0]["content"] and json.loads(ac[0]["data_json"])["rule"] == "git_clone"
 
 

@@ -13,10 +13,12 @@ from saasbench.runs.trial import run_rollout
 
 def test_docker_rollout_sees_no_evaluator_files(tmp_path: Path, docker_client, python_image) -> None:  # noqa: F811
     task = load_task("timetrack")
-    agent = ScriptedAgent("pwd; find . -mindepth 1 | sort",
-                          "find / -xdev \\( -name dag.json -o -name reference \\) -not -path '/proc/*' 2>/dev/null | sort",
-                          f"test -e {task.root} && echo visible || echo absent",
-                          "echo built > made.txt")
+    agent = ScriptedAgent(
+        "pwd; find . -mindepth 1 | sort",
+        "find / -xdev \\( -name dag.json -o -name reference \\) -not -path '/proc/*' 2>/dev/null | sort",
+        f"test -e {task.root} && echo visible || echo absent",
+        "echo built > made.txt",
+    )
     ro = run_rollout(task, agent, out_dir=tmp_path / "ro", backend="docker", docker_client=docker_client)
     assert ro.outcome == "completed" and ro.backend == "docker", ro.trajectory.error
     lines = agent.outputs[0].split()

@@ -26,15 +26,24 @@ MODEL = "openai/gpt-4o-mini"  # served by the fake server; litellm's offline pri
 
 
 def call(name: str, args: dict, call_id: str) -> Reply:
-    return Reply.with_message({"role": "assistant", "content": "", "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+    return Reply.with_message(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            ],
+        }
+    )
 
 
 def reference_turns() -> list[Reply]:
     files = sorted(p for p in REF.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     turns = [call("shell", {"command": "ls -la && head -3 task.md"}, "c0")]
-    turns += [call("write_file", {"path": p.relative_to(REF).as_posix(), "content": p.read_text(encoding="utf-8")}, f"w{i}")
-              for i, p in enumerate(files)]
+    turns += [
+        call("write_file", {"path": p.relative_to(REF).as_posix(), "content": p.read_text(encoding="utf-8")}, f"w{i}")
+        for i, p in enumerate(files)
+    ]
     return turns + [call("finish", {"summary": "TimeTrack implemented"}, "fin")]
 
 
@@ -72,14 +81,23 @@ def test_saasbench_run_builtin_records_trajectory_tokens_and_cost(tmp_path, llm,
     assert t["steps"] == len(turns) and t["tokens_in"] > 0 and t["tokens_out"] > 0 and t["cost_usd"] > 0
     dag_nodes = len(load_dag(load_task("timetrack").dag_path).dag.nodes)
     assert t["deterministic_score"] > 50 and t["total_nodes"] == dag_nodes
-    ev = lakelib.query(lake, "SELECT kind, tool, tokens_in, tokens_out, data_json FROM trajectory_events "
-                             "WHERE sweep_id = 'run-lake' ORDER BY seq").to_pylist()
+    ev = lakelib.query(
+        lake,
+        "SELECT kind, tool, tokens_in, tokens_out, data_json FROM trajectory_events "
+        "WHERE sweep_id = 'run-lake' ORDER BY seq",
+    ).to_pylist()
     calls = [e for e in ev if e["kind"] == "model_call"]
     assert len(calls) == len(turns)
-    assert sum(e["tokens_in"] for e in calls) == t["tokens_in"] and sum(e["tokens_out"] for e in calls) == t["tokens_out"]
+    assert (
+        sum(e["tokens_in"] for e in calls) == t["tokens_in"] and sum(e["tokens_out"] for e in calls) == t["tokens_out"]
+    )
     # the trajectory total is rounded to 6 decimals per call (agents/builtin.py)
-    assert sum(json.loads(e["data_json"])["cost_usd"] for e in calls) == pytest.approx(t["cost_usd"], abs=1e-6 * len(calls))
-    assert [e["tool"] for e in ev if e["kind"] == "tool_call"] == ["shell"] + ["write_file"] * (len(turns) - 2) + ["finish"]
+    assert sum(json.loads(e["data_json"])["cost_usd"] for e in calls) == pytest.approx(
+        t["cost_usd"], abs=1e-6 * len(calls)
+    )
+    assert [e["tool"] for e in ev if e["kind"] == "tool_call"] == ["shell"] + ["write_file"] * (len(turns) - 2) + [
+        "finish"
+    ]
     assert not [e for e in ev if e["kind"] == "anticheat"]
     n = lakelib.query(lake, "SELECT count(*) AS n FROM node_results WHERE sweep_id = 'run-lake'").to_pylist()[0]["n"]
     assert n == dag_nodes
@@ -92,20 +110,31 @@ class CloningOracle(OracleAgent):
 
     def run(self, prompt, env, budget):
         traj = super().run(prompt, env, budget)
-        traj.event("tool_call", "", tool="shell", args={"command": "git clone https://github.com/acme/timetrack-pro /tmp/x"})
+        traj.event(
+            "tool_call", "", tool="shell", args={"command": "git clone https://github.com/acme/timetrack-pro /tmp/x"}
+        )
         return traj
 
 
 def test_voided_trial_in_the_lake_has_outcome_evidence_and_scores_zero(tmp_path) -> None:
     from saasbench.reports.aggregate import sweep_report
 
-    spec = sw.SweepSpec(sweep_id="cheat", tasks=["timetrack"], agents=["test_run_lake:CloningOracle", "oracle"],
-                        lake=str(tmp_path / "lake"), retry_delays=[0])
+    spec = sw.SweepSpec(
+        sweep_id="cheat",
+        tasks=["timetrack"],
+        agents=["test_run_lake:CloningOracle", "oracle"],
+        lake=str(tmp_path / "lake"),
+        retry_delays=[0],
+    )
     outcomes = sw.run_sweep_plain(spec, sleep=lambda s: None)
     assert sorted(outcomes.values()) == ["completed", "voided_cheat"]
     lake = spec.lake_uri
-    rows = {r["agent"]: r for r in lakelib.query(lake, "SELECT agent, outcome, outcome_detail, deterministic_score, valid "
-                                                       "FROM trials").to_pylist()}
+    rows = {
+        r["agent"]: r
+        for r in lakelib.query(
+            lake, "SELECT agent, outcome, outcome_detail, deterministic_score, valid FROM trials"
+        ).to_pylist()
+    }
     assert rows["oracle"]["outcome"] == "completed" and rows["oracle"]["outcome_detail"] is None
     bad = rows["cloning-oracle"]
     assert bad["outcome"] == "voided_cheat" and bad["valid"]
@@ -126,8 +155,15 @@ def test_saasbench_sweep_with_a_judge(tmp_path, capsys, monkeypatch) -> None:
     lake = str(tmp_path / "lake")
     monkeypatch.chdir(tmp_path)  # the HTML report goes to runs/reports under the working folder
     with FakeLLM(default=Reply.json({"score": 5, "reasoning": "clean"})) as judge:
-        sweep_cmd(task=["timetrack"], agent=["oracle"], sweep_id="sweep-judge", lake=lake, no_prefect=True,
-                  judge_model="openai/fake", judge_api_base=judge.base_url)
+        sweep_cmd(
+            task=["timetrack"],
+            agent=["oracle"],
+            sweep_id="sweep-judge",
+            lake=lake,
+            no_prefect=True,
+            judge_model="openai/fake",
+            judge_api_base=judge.base_url,
+        )
         asked = len(judge.chat_requests)
     assert "| oracle / - | 100.0 | 100.0 | 1/1 |" in capsys.readouterr().out
     nodes = lakelib.query(lake, "SELECT status FROM node_results WHERE method = 'llm-judge'").to_pylist()

@@ -11,10 +11,25 @@ from saasbench.evaluation import scoring
 from saasbench.evaluation.results import NodeResult, Status
 
 
-def node(status: Status, score: float, max_score: float, *, method: str = "binary", category: str = "C",
-         tier: str | None = None, node_id: str = "N") -> NodeResult:
-    return NodeResult(id=node_id, category=category, method=method, complexity_tier=tier, status=status,
-                      score=score, max_score=max_score)
+def node(
+    status: Status,
+    score: float,
+    max_score: float,
+    *,
+    method: str = "binary",
+    category: str = "C",
+    tier: str | None = None,
+    node_id: str = "N",
+) -> NodeResult:
+    return NodeResult(
+        id=node_id,
+        category=category,
+        method=method,
+        complexity_tier=tier,
+        status=status,
+        score=score,
+        max_score=max_score,
+    )
 
 
 # --- node scores ------------------------------------------------------------------------------
@@ -24,18 +39,21 @@ def test_binary_is_all_or_nothing() -> None:
     assert scoring.binary_score(True, 0) == 0  # a zero-point node scores nothing either way
 
 
-@pytest.mark.parametrize(("passed", "total", "max_score", "expected"), [
-    (2, 3, 5, 3.3),    # 2/3*5 = 3.333.. -> floor to 0.1 = 3.3
-    (1, 3, 2, 0.6),    # 1/3*2 = 0.666.. -> 0.6 (floor, not round: 0.7 would be wrong)
-    (2, 3, 2, 1.3),    # 1.333.. -> 1.3
-    (5, 6, 1, 0.8),    # 0.8333.. -> 0.8
-    (3, 10, 10, 3.0),  # 0.3*10 = 3.0000000000000004 or 2.9999.. in floats -> must be 3.0, not 2.9
-    (7, 10, 1, 0.7),   # 0.7 exactly (0.7*10 = 7.000000000000001)
-    (3, 3, 4, 4.0),    # all steps: full marks
-    (0, 4, 4, 0.0),    # none: 0
-    (1, 7, 3, 0.4),    # 3/7 = 0.428.. -> 0.4
-    (6, 7, 3, 2.5),    # 18/7 = 2.571.. -> 2.5
-])
+@pytest.mark.parametrize(
+    ("passed", "total", "max_score", "expected"),
+    [
+        (2, 3, 5, 3.3),  # 2/3*5 = 3.333.. -> floor to 0.1 = 3.3
+        (1, 3, 2, 0.6),  # 1/3*2 = 0.666.. -> 0.6 (floor, not round: 0.7 would be wrong)
+        (2, 3, 2, 1.3),  # 1.333.. -> 1.3
+        (5, 6, 1, 0.8),  # 0.8333.. -> 0.8
+        (3, 10, 10, 3.0),  # 0.3*10 = 3.0000000000000004 or 2.9999.. in floats -> must be 3.0, not 2.9
+        (7, 10, 1, 0.7),  # 0.7 exactly (0.7*10 = 7.000000000000001)
+        (3, 3, 4, 4.0),  # all steps: full marks
+        (0, 4, 4, 0.0),  # none: 0
+        (1, 7, 3, 0.4),  # 3/7 = 0.428.. -> 0.4
+        (6, 7, 3, 2.5),  # 18/7 = 2.571.. -> 2.5
+    ],
+)
 def test_weighted_floors_to_one_decimal(passed: int, total: int, max_score: float, expected: float) -> None:
     assert scoring.weighted_score(passed, total, max_score) == expected
 
@@ -51,36 +69,40 @@ def test_floor_tenth() -> None:
     assert scoring.floor_tenth(0) == 0
 
 
-@pytest.mark.parametrize(("judge", "score_range", "max_score", "expected"), [
-    (4, (0, 5), 5, 4.0),      # 4*5/5
-    (3, (0, 6), 4, 2.0),      # 3*4/6
-    (5, (0, 10), 5, 2.5),     # 5*5/10
-    (7, (0, 5), 2, 2.0),      # 7*2/5 = 2.8 -> clipped to M = 2
-    (-1, (0, 5), 5, 0.0),     # negative -> clipped to 0
-    (0, (0, 5), 5, 0.0),
-    (3, None, 6, 3.0),        # default range [0, M]: 3*6/6
-    (2, (1, 3), 6, 4.0),      # the formula uses hi only: 2*6/3
-    (2, (0, 0), 6, 0.0),      # a degenerate range scores 0 rather than dividing by zero
-])
-def test_judge_score_is_clipped_and_scaled(judge: float, score_range: tuple[float, float] | None, max_score: float,
-                                           expected: float) -> None:
+@pytest.mark.parametrize(
+    ("judge", "score_range", "max_score", "expected"),
+    [
+        (4, (0, 5), 5, 4.0),  # 4*5/5
+        (3, (0, 6), 4, 2.0),  # 3*4/6
+        (5, (0, 10), 5, 2.5),  # 5*5/10
+        (7, (0, 5), 2, 2.0),  # 7*2/5 = 2.8 -> clipped to M = 2
+        (-1, (0, 5), 5, 0.0),  # negative -> clipped to 0
+        (0, (0, 5), 5, 0.0),
+        (3, None, 6, 3.0),  # default range [0, M]: 3*6/6
+        (2, (1, 3), 6, 4.0),  # the formula uses hi only: 2*6/3
+        (2, (0, 0), 6, 0.0),  # a degenerate range scores 0 rather than dividing by zero
+    ],
+)
+def test_judge_score_is_clipped_and_scaled(
+    judge: float, score_range: tuple[float, float] | None, max_score: float, expected: float
+) -> None:
     assert scoring.judge_score(judge, score_range, max_score) == pytest.approx(expected)
 
 
 def test_status_for() -> None:
     assert scoring.status_for(0.6, 2, False) is Status.PASSED  # partial weighted is PASSED (score > 0)
     assert scoring.status_for(0.0, 2, False) is Status.FAILED
-    assert scoring.status_for(0.0, 0, True) is Status.PASSED   # zero-point fixture whose chain passed
+    assert scoring.status_for(0.0, 0, True) is Status.PASSED  # zero-point fixture whose chain passed
     assert scoring.status_for(0.0, 0, False) is Status.FAILED
 
 
 # --- aggregates -------------------------------------------------------------------------------
 def sample() -> list[NodeResult]:
     return [
-        node(Status.PASSED, 5, 5, category="API", node_id="a"),                      # binary full
+        node(Status.PASSED, 5, 5, category="API", node_id="a"),  # binary full
         node(Status.PASSED, 3.3, 5, method="weighted", category="API", node_id="b"),  # weighted 2/3
         node(Status.FAILED, 0, 4, category="Auth", node_id="c"),
-        node(Status.SKIPPED_DEPENDENCY, 0, 6, category="Auth", node_id="d"),         # keeps its 6 in the denominator
+        node(Status.SKIPPED_DEPENDENCY, 0, 6, category="Auth", node_id="d"),  # keeps its 6 in the denominator
         node(Status.ERROR, 0, 2, category="Auth", node_id="e"),
         node(Status.PASSED, 2, 4, method="llm-judge", category="Quality", node_id="f"),
         node(Status.SKIPPED_LLM, 0, 8, method="llm-judge", category="Quality", node_id="g"),  # dropped entirely

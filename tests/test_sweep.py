@@ -29,8 +29,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def spec_for(tmp_path: Path, sweep_id: str = "s1", **kw) -> sw.SweepSpec:
-    data = {"sweep_id": sweep_id, "tasks": ["timetrack"], "agents": ["oracle", "nop"], "lake": str(tmp_path / "lake"),
-            "report_dir": str(tmp_path / "reports"), "retry_delays": [0]}
+    data = {
+        "sweep_id": sweep_id,
+        "tasks": ["timetrack"],
+        "agents": ["oracle", "nop"],
+        "lake": str(tmp_path / "lake"),
+        "report_dir": str(tmp_path / "reports"),
+        "retry_delays": [0],
+    }
     data.update(kw)
     return sw.SweepSpec.model_validate(data)
 
@@ -49,8 +55,9 @@ def count_runs(monkeypatch):
 
 
 def trial_rows(lake: str, sweep_id: str):
-    return lakelib.query(lake, "SELECT trial_id, outcome, attempt FROM trials WHERE sweep_id = ? ORDER BY trial_id",
-                         [sweep_id]).to_pylist()
+    return lakelib.query(
+        lake, "SELECT trial_id, outcome, attempt FROM trials WHERE sweep_id = ? ORDER BY trial_id", [sweep_id]
+    ).to_pylist()
 
 
 def test_failure_taxonomy():
@@ -64,20 +71,26 @@ def test_failure_taxonomy():
 
 def test_plan_ids_and_yaml(tmp_path):
     path = tmp_path / "sweep.yaml"
-    path.write_text(textwrap.dedent("""\
+    path.write_text(
+        textwrap.dedent("""\
         sweep_id: s-yaml
         tasks: [timetrack]
         agents: [oracle, llm]
         models: [null, openai/gpt-4o]
         attempts: 2
         concurrency: 3
-    """))
+    """)
+    )
     spec = sw.SweepSpec.from_yaml(path)
     assert spec.backend == "local" and spec.concurrency == 3
     ids = [t.trial_id for t in sw.plan(spec)]
     assert len(ids) == 8 and len(set(ids)) == 8
-    assert ids[:4] == ["timetrack.oracle.none.0", "timetrack.oracle.openai_gpt-4o.0",
-                       "timetrack.llm.none.0", "timetrack.llm.openai_gpt-4o.0"]
+    assert ids[:4] == [
+        "timetrack.oracle.none.0",
+        "timetrack.oracle.openai_gpt-4o.0",
+        "timetrack.llm.none.0",
+        "timetrack.llm.openai_gpt-4o.0",
+    ]
     assert ids[-1] == "timetrack.llm.openai_gpt-4o.1"
     for i in ids:
         lakelib.check_id(i, "trial_id")
@@ -100,7 +113,10 @@ def test_sweep_writes_and_rerun_skips(tmp_path, count_runs):
     assert sorted(count_runs) == ["nop", "oracle"]
     rows = trial_rows(spec.lake_uri, spec.sweep_id)
     assert [r["trial_id"] for r in rows] == ["timetrack.nop.none.0", "timetrack.oracle.none.0"]
-    assert lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM sweeps WHERE sweep_id = 's-two'").to_pylist()[0]["n"] == 1
+    assert (
+        lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM sweeps WHERE sweep_id = 's-two'").to_pylist()[0]["n"]
+        == 1
+    )
     # same sweep id again: nothing runs
     assert sw.run_sweep_plain(spec) == {}
     assert len(count_runs) == 2
@@ -117,7 +133,9 @@ def test_sweep_writes_and_rerun_skips(tmp_path, count_runs):
 def test_finished_sweeps_do_not_pile_up_batches(tmp_path, count_runs):
     spec = spec_for(tmp_path, "s-pile")
     for i in range(9):  # nine earlier sweeps, each compacted into its own batch
-        lakelib.write_batch(spec.lake_uri, {"sweeps": [lakelib.sweep_row(f"old{i}", config={}, tasks=["t"], agents=["a"])]})
+        lakelib.write_batch(
+            spec.lake_uri, {"sweeps": [lakelib.sweep_row(f"old{i}", config={}, tasks=["t"], agents=["a"])]}
+        )
     sw.run_sweep_plain(spec)
     sw.aggregate(spec)
     batches = [m for m in lakelib.list_commits(spec.lake_uri) if m["unit"] == "batch"]
@@ -182,7 +200,8 @@ def test_agent_error_not_retried(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sw, "run_local_trial", crash)
     assert sw.run_sweep_plain(spec, sleep=lambda s: pytest.fail("no retry expected")) == {
-        "timetrack.oracle.none.0": "agent_error"}
+        "timetrack.oracle.none.0": "agent_error"
+    }
     assert calls == ["oracle"]
     assert trial_rows(spec.lake_uri, spec.sweep_id)[0]["outcome"] == "agent_error"
 
@@ -190,7 +209,8 @@ def test_agent_error_not_retried(tmp_path, monkeypatch):
 def test_task_defect_not_retried(tmp_path):
     spec = spec_for(tmp_path, "s-defect", tasks=["no-such-task"], agents=["oracle"])
     assert sw.run_sweep_plain(spec, sleep=lambda s: pytest.fail("no retry expected")) == {
-        "no-such-task.oracle.none.0": "task_defect"}
+        "no-such-task.oracle.none.0": "task_defect"
+    }
 
 
 def test_sigkill_resume(tmp_path):
@@ -199,8 +219,13 @@ def test_sigkill_resume(tmp_path):
         from saasbench.runs import sweep
         sweep.run_sweep_plain(sweep.SweepSpec.model_validate({spec.model_dump()!r}), 1)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=str(REPO), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=str(REPO),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     store = lakelib.lake_from_uri(spec.lake_uri)
     deadline = time.monotonic() + 120
     try:
@@ -224,10 +249,13 @@ def test_sigkill_resume(tmp_path):
     from saasbench.dag import load_dag
 
     nodes = len(load_dag(load_task("timetrack").dag_path).dag.nodes)
-    counts = lakelib.query(store, "SELECT (SELECT count(*) FROM trials WHERE sweep_id = ?) AS trials, "
-                                  "(SELECT count(*) FROM node_results WHERE sweep_id = ?) AS nodes, "
-                                  "(SELECT count(DISTINCT (trial_id, node_id)) FROM node_results WHERE sweep_id = ?) AS uniq",
-                           [spec.sweep_id] * 3).to_pylist()[0]
+    counts = lakelib.query(
+        store,
+        "SELECT (SELECT count(*) FROM trials WHERE sweep_id = ?) AS trials, "
+        "(SELECT count(*) FROM node_results WHERE sweep_id = ?) AS nodes, "
+        "(SELECT count(DISTINCT (trial_id, node_id)) FROM node_results WHERE sweep_id = ?) AS uniq",
+        [spec.sweep_id] * 3,
+    ).to_pylist()[0]
     assert counts == {"trials": 2, "nodes": nodes * 2, "uniq": nodes * 2}
 
 
@@ -249,13 +277,21 @@ def test_sweep_cmd_no_prefect(tmp_path, count_runs):
     res = CliRunner().invoke(app, args + ["--agent", "oracle"])  # --agent replaces the YAML's agents
     assert res.exit_code == 0, res.output
     assert "ran 1 trial(s) now (0 already committed)" in res.output and count_runs == ["nop", "oracle"]
-    res = CliRunner().invoke(app, ["sweep", "--task", "timetrack", "--agent", "nop", "--sweep-id", "bad id", "--no-prefect"])
+    res = CliRunner().invoke(
+        app, ["sweep", "--task", "timetrack", "--agent", "nop", "--sweep-id", "bad id", "--no-prefect"]
+    )
     assert res.exit_code == 2 and "invalid sweep spec" in res.output
 
 
 def _judge(llm, **kw):
-    return {"model": "openai/fake", "api_base": llm.base_url, "retries": 2, "backoff_base_s": 0.01,
-            "backoff_cap_s": 0.02, **kw}
+    return {
+        "model": "openai/fake",
+        "api_base": llm.base_url,
+        "retries": 2,
+        "backoff_base_s": 0.01,
+        "backoff_cap_s": 0.02,
+        **kw,
+    }
 
 
 def test_sweep_judges_llm_nodes(tmp_path):
@@ -266,8 +302,11 @@ def test_sweep_judges_llm_nodes(tmp_path):
         spec = spec_for(tmp_path, "s-judge", agents=["oracle"], judge=_judge(llm))
         assert sw.run_sweep_plain(spec) == {"timetrack.oracle.none.0": "completed"}
         asked = len(llm.chat_requests)
-    nodes = lakelib.query(spec.lake_uri, "SELECT status, score, max_score FROM node_results WHERE method = 'llm-judge'",
-                          sweep_id="s-judge").to_pylist()
+    nodes = lakelib.query(
+        spec.lake_uri,
+        "SELECT status, score, max_score FROM node_results WHERE method = 'llm-judge'",
+        sweep_id="s-judge",
+    ).to_pylist()
     assert nodes and all(n["status"] == "PASSED" and 0 < n["score"] <= n["max_score"] for n in nodes)
     calls = lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM judge_calls", sweep_id="s-judge").to_pylist()
     assert calls == [{"n": len(nodes)}] and asked == len(nodes)
@@ -282,16 +321,20 @@ def test_judge_500s_are_retried_then_the_trial_is_a_judge_error(tmp_path):
     with FakeLLM(default=Reply.error(500)) as llm:
         spec = spec_for(tmp_path, "s-judge500", agents=["oracle"], judge=_judge(llm))
         assert sw.run_sweep_plain(spec, sleep=lambda s: pytest.fail("no trial retry expected")) == {
-            "timetrack.oracle.none.0": "judge_error"}
+            "timetrack.oracle.none.0": "judge_error"
+        }
         asked = len(llm.chat_requests)
-    (trial,) = lakelib.query(spec.lake_uri, "SELECT outcome, outcome_detail, valid FROM trials",
-                             sweep_id="s-judge500").to_pylist()
+    (trial,) = lakelib.query(
+        spec.lake_uri, "SELECT outcome, outcome_detail, valid FROM trials", sweep_id="s-judge500"
+    ).to_pylist()
     assert trial["outcome"] == "judge_error" and not trial["valid"] and "500" in trial["outcome_detail"]
-    statuses = lakelib.query(spec.lake_uri, "SELECT DISTINCT status FROM node_results WHERE method = 'llm-judge'",
-                             sweep_id="s-judge500").to_pylist()
+    statuses = lakelib.query(
+        spec.lake_uri, "SELECT DISTINCT status FROM node_results WHERE method = 'llm-judge'", sweep_id="s-judge500"
+    ).to_pylist()
     assert statuses == [{"status": "SKIPPED_LLM"}]
-    n_judge_nodes = lakelib.query(spec.lake_uri, "SELECT count(*) AS n FROM node_results WHERE method = 'llm-judge'",
-                                  sweep_id="s-judge500").to_pylist()[0]["n"]
+    n_judge_nodes = lakelib.query(
+        spec.lake_uri, "SELECT count(*) AS n FROM node_results WHERE method = 'llm-judge'", sweep_id="s-judge500"
+    ).to_pylist()[0]["n"]
     assert asked == 3 * n_judge_nodes  # first try + 2 retries per judged node
     det = lakelib.query(spec.lake_uri, "SELECT deterministic_score FROM trials", sweep_id="s-judge500").to_pylist()
     assert det == [{"deterministic_score": 100.0}]  # the deterministic nodes still scored

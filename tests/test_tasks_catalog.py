@@ -49,20 +49,35 @@ services:
 
 def public_layout(root: Path, *, with_prd: bool = True) -> Path:
     if not (CONFORMANCE / "dag.json").is_file():
-        pytest.fail(f"conformance data missing: {CONFORMANCE}/dag.json (the shared folder must sit beside the checkout, or set SAASBENCH_CONFORMANCE)")
+        pytest.fail(
+            f"conformance data missing: {CONFORMANCE}/dag.json (the shared folder must sit beside the checkout, or set SAASBENCH_CONFORMANCE)"
+        )
     src = root / "task_ubsmhopy"
     inner = src / "tasks" / "task_ubsmhopy"
     (inner / "docker" / "workspace").mkdir(parents=True)
     (inner / "docker" / "workspace" / "leftover.txt").write_text("must not be copied")
     (inner / "docker" / "docker-compose.yml").write_text(COMPOSE)
-    (inner / "docker" / "Dockerfile.model").write_text("FROM ubuntu:22.04\nCMD [\"sleep\", \"infinity\"]\n")
+    (inner / "docker" / "Dockerfile.model").write_text('FROM ubuntu:22.04\nCMD ["sleep", "infinity"]\n')
     (inner / "docker" / ".env").write_text("PORT=3000\nDATABASE_URL=postgres://db/ubs\n")
     if with_prd:
         (inner / "task").mkdir()
         (inner / "task" / "task.md").write_text("Intro text\n\n# Unified Billing Suite\n\n## Overview\n")
         (inner / "kb").mkdir()
-        (inner / "kb" / "knowledge_base.json").write_text(json.dumps({"clarifications": [
-            {"id": "KB-001", "question": "Q?", "answer": "A.", "source_reference": "task.md#x", "confidence": "high"}]}))
+        (inner / "kb" / "knowledge_base.json").write_text(
+            json.dumps(
+                {
+                    "clarifications": [
+                        {
+                            "id": "KB-001",
+                            "question": "Q?",
+                            "answer": "A.",
+                            "source_reference": "task.md#x",
+                            "confidence": "high",
+                        }
+                    ]
+                }
+            )
+        )
     evaluate = src / "check" / "task_ubsmhopy_e" / "evaluate"
     evaluate.mkdir(parents=True)
     shutil.copy(CONFORMANCE / "dag.json", evaluate / "dag.json")
@@ -77,7 +92,13 @@ def public_layout(root: Path, *, with_prd: bool = True) -> Path:
 def test_task_spec_fields_and_extras(tmp_path: Path) -> None:
     task = make_task(tmp_path)
     spec = task.spec
-    assert (spec.id, spec.title, spec.domain, spec.app.port, spec.app.health_path) == ("fixture", "Fixture Tracker", "CG", 8000, "/health")
+    assert (spec.id, spec.title, spec.domain, spec.app.port, spec.app.health_path) == (
+        "fixture",
+        "Fixture Tracker",
+        "CG",
+        8000,
+        "/health",
+    )
     assert spec.database.engine == "sqlite" and spec.database.path == "data/fixture.db"
     assert spec.auth is not None and spec.auth.users["admin"]["username"] == "admin"
     assert spec.timeouts.eval_node_s == 20 and spec.reference.source == "reference"
@@ -124,7 +145,14 @@ def test_import_public_task(tmp_path: Path) -> None:
     assert task.spec.app.port == 3000  # the port inside the container ("3012:3000"); 3012 is the benchmark host's
     assert task.spec.app.start_command is None  # the agent starts the app itself, as the public prompt says
     db = task.spec.database
-    assert (db.engine, db.version, db.name, db.user, db.password, db.port) == ("postgresql", "16-alpine", "ubs", "ubs_user", "ubs_pass", 5432)
+    assert (db.engine, db.version, db.name, db.user, db.password, db.port) == (
+        "postgresql",
+        "16-alpine",
+        "ubs",
+        "ubs_user",
+        "ubs_pass",
+        5432,
+    )
     assert json.loads((root / "dag.json").read_text()) == json.loads((CONFORMANCE / "dag.json").read_text())
     assert (root / "task.md").is_file() and [e.id for e in task.load_kb()] == ["KB-001"]
     assert (root / "environment" / "docker-compose.yml").is_file() and (root / "environment" / ".env").is_file()
@@ -152,7 +180,9 @@ def test_import_rejects_other_layouts_and_bad_dags(tmp_path: Path) -> None:
     with pytest.raises(TaskError, match="not a public SaaSBench task folder"):
         import_public_task(tmp_path, tmp_path / "tasks")
     src = public_layout(tmp_path / "public")
-    (src / "check" / "task_ubsmhopy_e" / "evaluate" / "dag.json").write_text('{"nodes": [{"id": "A", "prereqs": ["A"]}]}')
+    (src / "check" / "task_ubsmhopy_e" / "evaluate" / "dag.json").write_text(
+        '{"nodes": [{"id": "A", "prereqs": ["A"]}]}'
+    )
     with pytest.raises(TaskError, match="DAG does not load"):
         import_public_task(src, tmp_path / "tasks")
     assert not (tmp_path / "tasks" / "ubsmhopy").exists()
@@ -187,7 +217,8 @@ def test_cli_tasks_list_show_import(tmp_path: Path) -> None:
 def test_cli_validate_reference(tmp_path: Path) -> None:
     make_task(tmp_path / "cat")
     out = tmp_path / "out"
-    r = CliRunner().invoke(_cli(), ["validate-reference", "fixture", "--root", str(tmp_path / "cat"), "--repeats", "1",
-                                    "--out", str(out)])
+    r = CliRunner().invoke(
+        _cli(), ["validate-reference", "fixture", "--root", str(tmp_path / "cat"), "--repeats", "1", "--out", str(out)]
+    )
     assert r.exit_code == 0, r.output
     assert "HEALTH" in r.output and "pass" in r.output and (out / "validation.json").is_file()

@@ -19,7 +19,9 @@ from saasbench.catalog.fetch import FetchError, checkout, fetch_tasks
 from saasbench.catalog.tasks import load_task, readiness
 from saasbench.cli.tasks import tasks_app
 
-KB = [{"id": "KB-001", "question": "Which port?", "answer": "8021", "source_reference": "task.md#8", "confidence": "high"}]
+KB = [
+    {"id": "KB-001", "question": "Which port?", "answer": "8021", "source_reference": "task.md#8", "confidence": "high"}
+]
 
 
 def git(*args: str, cwd: Path) -> str:
@@ -74,8 +76,14 @@ def test_fetch_imports_downloads_and_reports(tmp_path, public_repo, dataset_host
     repo, sha = public_repo
     url, seen = dataset_host
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token")
-    results = fetch_tasks(["cqfnbfay", "task_mjobbzsi", "task_nope"], repo=str(repo), commit=sha, endpoint=url,
-                          dest_root=tmp_path / "cat", cache_dir=tmp_path / "cache")
+    results = fetch_tasks(
+        ["cqfnbfay", "task_mjobbzsi", "task_nope"],
+        repo=str(repo),
+        commit=sha,
+        endpoint=url,
+        dest_root=tmp_path / "cat",
+        cache_dir=tmp_path / "cache",
+    )
     by = {r.task: r for r in results}
     cq = by["task_cqfnbfay"]
     assert cq.imported and cq.errors == [] and cq.downloaded == ["task.md", "knowledge_base.json"]
@@ -102,12 +110,44 @@ def test_fetch_cli_and_bad_commits(tmp_path, public_repo, dataset_host) -> None:
     url, _ = dataset_host
     app = Typer()
     app.add_typer(tasks_app, name="tasks")
-    r = CliRunner().invoke(app, ["tasks", "fetch", "cqfnbfay", "--repo", str(repo), "--commit", sha, "--endpoint", url,
-                                 "--dest", str(tmp_path / "cat"), "--cache", str(tmp_path / "cache")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "tasks",
+            "fetch",
+            "cqfnbfay",
+            "--repo",
+            str(repo),
+            "--commit",
+            sha,
+            "--endpoint",
+            url,
+            "--dest",
+            str(tmp_path / "cat"),
+            "--cache",
+            str(tmp_path / "cache"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "task_cqfnbfay" in r.output and "needs DAG" in r.output and "1 of 1 task(s)" in r.output
-    r = CliRunner().invoke(app, ["tasks", "fetch", "mjobbzsi", "--repo", str(repo), "--commit", sha, "--endpoint", url,
-                                 "--dest", str(tmp_path / "cat"), "--cache", str(tmp_path / "cache")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "tasks",
+            "fetch",
+            "mjobbzsi",
+            "--repo",
+            str(repo),
+            "--commit",
+            sha,
+            "--endpoint",
+            url,
+            "--dest",
+            str(tmp_path / "cat"),
+            "--cache",
+            str(tmp_path / "cache"),
+        ],
+    )
     assert r.exit_code == 1 and "HTTP 404" in r.output
     with pytest.raises(FetchError, match="commit id"):
         checkout(str(repo), "main", tmp_path / "cache")

@@ -36,8 +36,16 @@ class Client:
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.keep_cookie, self.cookie = keep_cookie, ""
 
-    def request(self, method: str, path: str, *, json_body: Any = None, form: dict | None = None,
-                raw: bytes | None = None, headers: dict[str, str] | None = None) -> Resp:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        form: dict | None = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Resp:
         hdrs = dict(headers or {})
         body = raw
         if json_body is not None:
@@ -124,8 +132,7 @@ def test_keep_alive_reuses_one_connection(base: str) -> None:
 def test_bearer_login_by_username_and_email_and_logout(client: Client) -> None:
     r = client.post("/api/auth/login", json_body={"username": "alice", "password": "alice-pass-1"})
     assert r.status == 200 and r.json()["token_type"] == "bearer"
-    assert r.json()["user"] == {"id": 2, "username": "alice", "email": MEMBER["email"],
-                                "role": "member"}
+    assert r.json()["user"] == {"id": 2, "username": "alice", "email": MEMBER["email"], "role": "member"}
     auth = {"Authorization": f"Bearer {r.json()['access_token']}"}
     assert client.get("/api/me", headers=auth).json()["username"] == "alice"
     r = client.post("/api/auth/login", json_body={"email": ADMIN["email"], "password": ADMIN["password"]})
@@ -192,8 +199,7 @@ def test_project_crud_and_notes(client: Client) -> None:
     r = client.request("PUT", f"/api/projects/{pid}", json_body={"name": "Beta"}, headers=key(ADMIN))
     assert (r.status, r.json()["name"], r.json()["archived"]) == (200, "Beta", False)
     r = client.post(f"/api/projects/{pid}/notes", json_body={"title": "T", "body": "B"}, headers=key(MEMBER))
-    assert r.status == 201 and r.json() == {"id": 1, "project_id": pid, "title": "T", "body": "B",
-                                            "author_id": 2}
+    assert r.status == 201 and r.json() == {"id": 1, "project_id": pid, "title": "T", "body": "B", "author_id": 2}
     assert client.get(f"/api/projects/{pid}/notes", headers=key(VIEWER)).json() == [r.json()]
     assert client.get("/api/stats", headers=key(VIEWER)).json() == {"projects": 1, "notes": 1, "users": 3}
     assert client.request("DELETE", f"/api/projects/{pid}", headers=key(ADMIN)).status == 204
@@ -263,17 +269,29 @@ def behaviour(base: str) -> dict[str, Any]:
     }
 
 
-BASELINE = {"member_delete": 403, "viewer_delete": 403, "member_admin_users": 403,
-            "viewer_admin_users": 403, "viewer_create": 403, "default_page_size": 20,
-            "clamped_page_size": 100, "missing_name": 422, "bad_tags": 422, "unauthenticated": 401}
+BASELINE = {
+    "member_delete": 403,
+    "viewer_delete": 403,
+    "member_admin_users": 403,
+    "viewer_admin_users": 403,
+    "viewer_create": 403,
+    "default_page_size": 20,
+    "clamped_page_size": 100,
+    "missing_name": 422,
+    "bad_tags": 422,
+    "unauthenticated": 401,
+}
 
 
-@pytest.mark.parametrize(("bug", "changed"), [
-    (None, {}),
-    ("no_rbac", {"member_delete": 204, "member_admin_users": 200}),
-    ("page_size", {"default_page_size": 50}),
-    ("no_validation", {"missing_name": 201}),
-])
+@pytest.mark.parametrize(
+    ("bug", "changed"),
+    [
+        (None, {}),
+        ("no_rbac", {"member_delete": 204, "member_admin_users": 200}),
+        ("page_size", {"default_page_size": 50}),
+        ("no_validation", {"missing_name": 201}),
+    ],
+)
 def test_each_bug_changes_exactly_its_behaviour(bug: str | None, changed: dict[str, Any]) -> None:
     server, url = start(frozenset({bug}) if bug else frozenset())
     try:

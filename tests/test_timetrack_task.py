@@ -64,8 +64,13 @@ def make_workspace(tmp: Path, variant: str | None) -> Path:
     shutil.copytree(TASK / "reference", workspace, ignore=shutil.ignore_patterns("data", "__pycache__"))
     if variant is not None:
         patch = TASK / "variants" / f"{variant}.patch"
-        subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(patch)], cwd=workspace, check=True,
-                       capture_output=True, timeout=30)
+        subprocess.run(
+            ["patch", "-p1", "--batch", "--forward", "-i", str(patch)],
+            cwd=workspace,
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
     return workspace
 
 
@@ -102,11 +107,17 @@ def evaluate(tmp: Path, variant: str | None = None) -> dict[str, str]:
             base_url = f"http://127.0.0.1:{port}"
             wait_healthy(base_url, proc)
             dag = load_dag(DAG_PATH).dag
-            target = Target(base_url=base_url, workspace=workspace, db_dsn=f"sqlite:///{db_path}",
-                            environment=backend, task_id="timetrack")
+            target = Target(
+                base_url=base_url,
+                workspace=workspace,
+                db_dsn=f"sqlite:///{db_path}",
+                environment=backend,
+                task_id="timetrack",
+            )
             profile = load_auth_profile(TASK / "task.yaml")
-            ctx = RunContext(target, options=RunOptions(node_timeout_s=60), auth_profile=profile,
-                             env_defaults=dag.env_defaults)
+            ctx = RunContext(
+                target, options=RunOptions(node_timeout_s=60), auth_profile=profile, env_defaults=dag.env_defaults
+            )
             try:
                 report = Engine(dag, ctx).run()
             finally:
@@ -132,8 +143,7 @@ def deterministic_nodes() -> dict[str, object]:
     """Node id -> node, for the nodes this build can run to a verdict (not llm-judge, all primitives present)."""
     missing = unavailable_codes()
     dag = load_dag(DAG_PATH).dag
-    return {n.id: n for n in dag.nodes
-            if n.method != "llm-judge" and not {s.type for s in n.steps} & missing}
+    return {n.id: n for n in dag.nodes if n.method != "llm-judge" and not {s.type for s in n.steps} & missing}
 
 
 def expected_losses(variant: str) -> set[str]:
@@ -150,8 +160,17 @@ def reference_run(tmp_path_factory) -> dict[str, str]:
 
 
 def test_task_files_exist() -> None:
-    for name in ("task.md", "task.yaml", "knowledge_base.json", "dag.json", "reference/run.sh", "reference/app.py",
-                 "reference/README.md", "variants/README.md", *(f"variants/{v}.patch" for v in VARIANTS)):
+    for name in (
+        "task.md",
+        "task.yaml",
+        "knowledge_base.json",
+        "dag.json",
+        "reference/run.sh",
+        "reference/app.py",
+        "reference/README.md",
+        "variants/README.md",
+        *(f"variants/{v}.patch" for v in VARIANTS),
+    ):
         assert (TASK / name).is_file(), name
 
 
@@ -177,8 +196,18 @@ def test_dag_loads_clean_and_covers_backbones() -> None:
     assert len(nodes) >= 60
     assert {n.method for n in nodes} == {"binary", "weighted", "llm-judge"}
     categories = {n.scoring.category for n in nodes}
-    assert {"Deployment", "DataModel", "API_CRUD", "Validation", "BusinessLogic", "Workflow", "Authentication", "RBAC",
-            "EdgeCases", "ArchitectureQuality"} <= categories
+    assert {
+        "Deployment",
+        "DataModel",
+        "API_CRUD",
+        "Validation",
+        "BusinessLogic",
+        "Workflow",
+        "Authentication",
+        "RBAC",
+        "EdgeCases",
+        "ArchitectureQuality",
+    } <= categories
 
 
 def test_reference_passes_every_runnable_node(reference_run: dict[str, str]) -> None:
@@ -201,5 +230,7 @@ def test_variant_loses_exactly_the_named_nodes(variant: str, reference_run: dict
     lost = {nid for nid in runnable if result.get(nid) != "PASSED"}
     expected = named & set(runnable)
     assert expected, f"none of the nodes {variant} must lose can run in this build"
-    assert lost == expected, {"unexpectedly lost": sorted(lost - expected),
-                              "unexpectedly kept": sorted(expected - lost)}
+    assert lost == expected, {
+        "unexpectedly lost": sorted(lost - expected),
+        "unexpectedly kept": sorted(expected - lost),
+    }

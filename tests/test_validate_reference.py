@@ -12,18 +12,32 @@ from saasbench.runs.validate import _classify, validate_reference
 
 def flaky_install(counter: Path) -> str:
     """Writes state.txt = ok on odd repeats, bad on even ones (the counter lives outside the workspace)."""
-    return (f"n=$(cat '{counter}' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '{counter}'; "
-            "if [ $((n % 2)) -eq 1 ]; then echo ok > state.txt; else echo bad > state.txt; fi")
+    return (
+        f"n=$(cat '{counter}' 2>/dev/null || echo 0); n=$((n+1)); echo $n > '{counter}'; "
+        "if [ $((n % 2)) -eq 1 ]; then echo ok > state.txt; else echo bad > state.txt; fi"
+    )
 
 
 def test_validate_reference_reports_flaky_and_writes_quarantine(tmp_path: Path) -> None:
     extra = [
-        {"id": "FLAKY_STATE", "prereqs": [], "steps": [{"type": "P02", "inputs": {"path": "state.txt", "pattern": "ok"}}],
-         "scoring": {"category": "Fixture", "method": "binary", "maxScore": 1}},
-        {"id": "AFTER_FLAKY", "prereqs": ["FLAKY_STATE"], "steps": [{"type": "P01", "inputs": {"path": "run.sh"}}],
-         "scoring": {"category": "Fixture", "method": "binary", "maxScore": 1}},
-        {"id": "NEVER", "prereqs": [], "steps": [{"type": "P01", "inputs": {"path": "missing.txt"}}],
-         "scoring": {"category": "Fixture", "method": "binary", "maxScore": 1}},
+        {
+            "id": "FLAKY_STATE",
+            "prereqs": [],
+            "steps": [{"type": "P02", "inputs": {"path": "state.txt", "pattern": "ok"}}],
+            "scoring": {"category": "Fixture", "method": "binary", "maxScore": 1},
+        },
+        {
+            "id": "AFTER_FLAKY",
+            "prereqs": ["FLAKY_STATE"],
+            "steps": [{"type": "P01", "inputs": {"path": "run.sh"}}],
+            "scoring": {"category": "Fixture", "method": "binary", "maxScore": 1},
+        },
+        {
+            "id": "NEVER",
+            "prereqs": [],
+            "steps": [{"type": "P01", "inputs": {"path": "missing.txt"}}],
+            "scoring": {"category": "Fixture", "method": "binary", "maxScore": 1},
+        },
     ]
     task = make_task(tmp_path / "tasks", install=[flaky_install(tmp_path / "counter")], extra_nodes=extra)
     seen: list[str] = []

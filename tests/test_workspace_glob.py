@@ -36,7 +36,9 @@ def test_the_judge_samples_with_the_same_glob(tmp_path: Path) -> None:
     (tmp_path / "]x").write_text("odd name\n")
     ws = Workspace(tmp_path)
     shallow = code_evidence(ws, ["src/**.ts"], "rubric")
-    assert "### src/top.ts" in shallow.text and "### src/a/deep.ts" not in shallow.text  # sampled files, not the listing
+    assert (
+        "### src/top.ts" in shallow.text and "### src/a/deep.ts" not in shallow.text
+    )  # sampled files, not the listing
     deep = code_evidence(ws, ["src/**/*.ts"], "rubric")
     assert "### src/top.ts" in deep.text and "### src/a/deep.ts" in deep.text
     assert "odd name" in code_evidence(ws, ["[]]x"], "rubric").text  # compiled, not an ERROR

@@ -53,8 +53,12 @@ CHANNELS = {
     "browser": {"RENDER_DOM", "SCREENSHOT", "P18", "P19"},
     "judge": {"P17"},
 }
-CLASS_TITLES = {"harness": "harness defect", "dag": "DAG defect", "app": "app behaves differently",
-                "env": "environment difference"}
+CLASS_TITLES = {
+    "harness": "harness defect",
+    "dag": "DAG defect",
+    "app": "app behaves differently",
+    "env": "environment difference",
+}
 
 
 class Verdict(BaseModel):
@@ -113,9 +117,18 @@ def failing(report: dict) -> list[dict]:
     return [n for n in report["nodes"] if n["status"] not in ("PASSED", "SKIPPED_LLM")]
 
 
-def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: float, up_s: float | None,
-              compat: str, command: str, others: dict[str, dict] | None = None,
-              dag_warnings: list[dict] | None = None) -> list[str]:
+def write_doc(
+    path: Path,
+    report: dict,
+    verdicts: Classification,
+    *,
+    wall_s: float,
+    up_s: float | None,
+    compat: str,
+    command: str,
+    others: dict[str, dict] | None = None,
+    dag_warnings: list[dict] | None = None,
+) -> list[str]:
     """Write docs/fidelity.md; return the ids of non-passing nodes (of any run) without a classification."""
     others = others or {}
     s = report["summary"]
@@ -149,7 +162,9 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
         f"- Statuses: {', '.join(f'{k} {v}' for k, v in counts.items())}; node coverage {s['node_coverage']}%.",
         f"- Order: `--compat {compat}`; run on {platform.node() or 'this machine'} "
         f"({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-        "- Points lost by class: " + ", ".join(f"{CLASS_TITLES.get(k, k)} {v:g}" for k, v in sorted(lost.items())) + ".",
+        "- Points lost by class: "
+        + ", ".join(f"{CLASS_TITLES.get(k, k)} {v:g}" for k, v in sorted(lost.items()))
+        + ".",
         "",
         "For comparison (from the issue that asked for this suite): the benchmark's own evaluator",
         "scores the same running app 97.43 with its lenient family-C rules (ratio scoring, skipped",
@@ -159,7 +174,8 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
         "## Wall time",
         "",
         f"`saasbench evaluate` took **{wall_s:.1f} s** wall (the process, start to exit); the engine's own",
-        f"clock says {s['elapsed_s']:.1f} s." + (f" Bringing Superset up took {up_s:.0f} s (not included)." if up_s else ""),
+        f"clock says {s['elapsed_s']:.1f} s."
+        + (f" Bringing Superset up took {up_s:.0f} s (not included)." if up_s else ""),
         "Where it went (step durations by channel; the harness is the rest of the wall time):",
         "",
         "| channel | seconds | share |",
@@ -179,36 +195,64 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
         "|---|---|---:|---|---|---|---|",
     ]
     order = {"harness": 0, "dag": 1, "app": 2, "env": 3}
-    for n in sorted(not_passed, key=lambda n: (order.get(verdicts.nodes[n["id"]].class_, 9) if n["id"] in verdicts.nodes else -1, n["id"])):
+    for n in sorted(
+        not_passed,
+        key=lambda n: (order.get(verdicts.nodes[n["id"]].class_, 9) if n["id"] in verdicts.nodes else -1, n["id"]),
+    ):
         v = verdicts.nodes.get(n["id"])
         klass = CLASS_TITLES[v.class_] if v else "**UNCLASSIFIED**"
-        lines.append(f"| `{n['id']}` | {n['status']} | {n['score'] or 0:g}/{n['max_score']:g} | {klass} | "
-                     f"{cell(v.reason) if v else ''} | {cell(v.evidence) if v else ''} | {cell(n['message'], 240)} |")
+        lines.append(
+            f"| `{n['id']}` | {n['status']} | {n['score'] or 0:g}/{n['max_score']:g} | {klass} | "
+            f"{cell(v.reason) if v else ''} | {cell(v.evidence) if v else ''} | {cell(n['message'], 240)} |"
+        )
     if stale:
-        lines += ["", "Classified but passing in every run (stale entries): " + ", ".join(f"`{i}`" for i in stale) + "."]
+        lines += [
+            "",
+            "Classified but passing in every run (stale entries): " + ", ".join(f"`{i}`" for i in stale) + ".",
+        ]
     for mode, other in others.items():
         o = other["summary"]
         mine = {n["id"]: n["status"] for n in report["nodes"]}
         theirs = {n["id"]: n["status"] for n in other["nodes"]}
         changed = sorted(i for i in theirs if theirs[i] != mine.get(i))
-        lines += ["", f"### The same app under `--compat {mode}`", "",
-                  f"A second run on a fresh app database: deterministic score **{o['deterministic_score']}**, statuses "
-                  + ", ".join(f"{k} {v}" for k, v in o["counts"].items() if v) + ". "
-                  + ("Nodes whose status differs: " + ", ".join(f"`{i}` {mine.get(i)} -> {theirs[i]}" for i in changed) + "."
-                     if changed else "Every node has the same status.")
-                  + " Non-passing nodes of that run without a classification: "
-                  + (", ".join(f"`{i}`" for i in sorted({n['id'] for n in failing(other)} - set(verdicts.nodes))) or "none") + "."]
+        lines += [
+            "",
+            f"### The same app under `--compat {mode}`",
+            "",
+            f"A second run on a fresh app database: deterministic score **{o['deterministic_score']}**, statuses "
+            + ", ".join(f"{k} {v}" for k, v in o["counts"].items() if v)
+            + ". "
+            + (
+                "Nodes whose status differs: " + ", ".join(f"`{i}` {mine.get(i)} -> {theirs[i]}" for i in changed) + "."
+                if changed
+                else "Every node has the same status."
+            )
+            + " Non-passing nodes of that run without a classification: "
+            + (", ".join(f"`{i}`" for i in sorted({n["id"] for n in failing(other)} - set(verdicts.nodes))) or "none")
+            + ".",
+        ]
         if mode == "reference":
-            lines += ["", "`--compat reference` counts an 'already exists' answer where 2xx was expected and a DELETE",
-                      "answered 404 as deleted, and breaks order ties with the reference's FIFO Kahn; the nodes above",
-                      "change because real DAGs share state between nodes without declaring it."]
+            lines += [
+                "",
+                "`--compat reference` counts an 'already exists' answer where 2xx was expected and a DELETE",
+                "answered 404 as deleted, and breaks order ties with the reference's FIFO Kahn; the nodes above",
+                "change because real DAGs share state between nodes without declaring it.",
+            ]
     measured = HERE / "reference_evaluator_timing.md"  # measured by hand: the reference is not ours to install
     if measured.is_file():
         lines += ["", *measured.read_text(encoding="utf-8").rstrip().splitlines()]
     if dag_warnings is not None:
-        lines += ["", "## What `saasbench dag check` reports about this DAG", "",
-                  f"{len(dag_warnings)} warning(s) (the loader sees these defects without running anything):", ""]
-        lines += [f"- {w.get('node') or 'scoring_config'} `{w.get('field') or ''}`: {cell(w['message'], 300)}" for w in dag_warnings]
+        lines += [
+            "",
+            "## What `saasbench dag check` reports about this DAG",
+            "",
+            f"{len(dag_warnings)} warning(s) (the loader sees these defects without running anything):",
+            "",
+        ]
+        lines += [
+            f"- {w.get('node') or 'scoring_config'} `{w.get('field') or ''}`: {cell(w['message'], 300)}"
+            for w in dag_warnings
+        ]
     lines += [
         "",
         "## Harness defects found by this suite and fixed",
@@ -233,14 +277,34 @@ def write_doc(path: Path, report: dict, verdicts: Classification, *, wall_s: flo
     return unclassified
 
 
-def run_once(app_dir: Path, dag: Path, base: Path, out: Path, compat: str, *, up: bool, keep_up: bool
-             ) -> tuple[dict, float, float | None, list[str]]:
+def run_once(
+    app_dir: Path, dag: Path, base: Path, out: Path, compat: str, *, up: bool, keep_up: bool
+) -> tuple[dict, float, float | None, list[str]]:
     """One fresh app, one ``saasbench evaluate``; returns (report, wall seconds, up seconds, command)."""
     up_s = None
-    cmd = [*saasbench_cmd(), "evaluate", "--dag", str(dag), "--base-url", BASE_URL,
-           "--workspace", str(base / "workspace"), "--auth", str(ROOT / "docs" / "examples" / "superset-auth.yaml"),
-           "--db-dsn", DB_DSN, "--exec", f"local:{base / 'workspace'}", "--exec-env-file", str(base / "env.sh"),
-           "--compat", compat, "--out", str(out / "eval"), "--require-up"]
+    cmd = [
+        *saasbench_cmd(),
+        "evaluate",
+        "--dag",
+        str(dag),
+        "--base-url",
+        BASE_URL,
+        "--workspace",
+        str(base / "workspace"),
+        "--auth",
+        str(ROOT / "docs" / "examples" / "superset-auth.yaml"),
+        "--db-dsn",
+        DB_DSN,
+        "--exec",
+        f"local:{base / 'workspace'}",
+        "--exec-env-file",
+        str(base / "env.sh"),
+        "--compat",
+        compat,
+        "--out",
+        str(out / "eval"),
+        "--require-up",
+    ]
     try:
         if up:
             rc, up_s = timed(["bash", str(app_dir / "up.sh")], out / "up.log")
@@ -266,14 +330,24 @@ def load_run(out: Path) -> tuple[dict, float, float | None, list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--compat", default="strict,reference",
-                        help="comma-separated orders to run, each on a fresh app; the first is the main result")
-    parser.add_argument("--no-up", action="store_true", help="Superset is already running: do not run up.sh (one run only)")
+    parser.add_argument(
+        "--compat",
+        default="strict,reference",
+        help="comma-separated orders to run, each on a fresh app; the first is the main result",
+    )
+    parser.add_argument(
+        "--no-up", action="store_true", help="Superset is already running: do not run up.sh (one run only)"
+    )
     parser.add_argument("--keep-up", action="store_true", help="leave Superset running afterwards (one run only)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temp folder)")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fidelity.md")
-    parser.add_argument("--rewrite", type=Path, default=None, metavar="OUT",
-                        help="do not run: re-write the doc from the runs in OUT (after editing the classification)")
+    parser.add_argument(
+        "--rewrite",
+        type=Path,
+        default=None,
+        metavar="OUT",
+        help="do not run: re-write the doc from the runs in OUT (after editing the classification)",
+    )
     args = parser.parse_args()
     modes = [m.strip() for m in args.compat.split(",") if m.strip()]
     if not modes or any(m not in ("strict", "reference") for m in modes):
@@ -298,10 +372,21 @@ def main() -> int:
     report, wall_s, up_s, cmd = runs[modes[0]]
     shown = " ".join(["saasbench", *cmd[1:]]).replace(str(shared), "../shared").replace(str(ROOT) + "/", "")
     others = {m: runs[m][0] for m in modes[1:]}
-    checked = subprocess.run([*saasbench_cmd(), "dag", "check", str(dag), "--json"], capture_output=True, text=True, check=False)
+    checked = subprocess.run(
+        [*saasbench_cmd(), "dag", "check", str(dag), "--json"], capture_output=True, text=True, check=False
+    )
     dag_warnings = [w for f in json.loads(checked.stdout)["files"] for w in f["warnings"]] if checked.stdout else None
-    unclassified = write_doc(args.doc, report, verdicts, wall_s=wall_s, up_s=up_s, compat=modes[0], command=shown,
-                             others=others, dag_warnings=dag_warnings)
+    unclassified = write_doc(
+        args.doc,
+        report,
+        verdicts,
+        wall_s=wall_s,
+        up_s=up_s,
+        compat=modes[0],
+        command=shown,
+        others=others,
+        dag_warnings=dag_warnings,
+    )
     for mode, (rep, *_rest) in runs.items():
         s = rep["summary"]
         print(f"--compat {mode}: deterministic {s['deterministic_score']} task {s['task_score']}")

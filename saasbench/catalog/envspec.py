@@ -51,9 +51,29 @@ DEFAULT_WORKSPACE_TARGET = "/app"
 # specification (its JSON schema, vendored by check-jsonschema); then every key is either applied,
 # ignored with a reason (recorded in EnvSpec.ignored), or rejected (it would change what a trial
 # does and this backend cannot do it), so no setting is ever dropped silently.
-APPLIED_SERVICE_KEYS = {"image", "build", "environment", "env_file", "ports", "expose", "volumes", "depends_on",
-                        "healthcheck", "command", "entrypoint", "working_dir", "user", "dns", "extra_hosts",
-                        "stdin_open", "tty", "ulimits", "shm_size", "hostname", "labels"}
+APPLIED_SERVICE_KEYS = {
+    "image",
+    "build",
+    "environment",
+    "env_file",
+    "ports",
+    "expose",
+    "volumes",
+    "depends_on",
+    "healthcheck",
+    "command",
+    "entrypoint",
+    "working_dir",
+    "user",
+    "dns",
+    "extra_hosts",
+    "stdin_open",
+    "tty",
+    "ulimits",
+    "shm_size",
+    "hostname",
+    "labels",
+}
 IGNORED_SERVICE_KEYS = {
     "container_name": "names are per trial, so two trials of one task never clash",
     "restart": "a trial's containers live as long as the trial; the harness watches them instead",
@@ -134,21 +154,34 @@ class ServiceSpec(_Strict):
     build: BuildSpec | None = None
     environment: dict[str, str] = Field(default_factory=dict)
     env_file: list[str] = Field(default_factory=list, description="Files of KEY=VALUE lines, relative to base_dir")
-    ports: list[int] = Field(default_factory=list, description="Container ports the service listens on (never published to fixed host ports)")
+    ports: list[int] = Field(
+        default_factory=list, description="Container ports the service listens on (never published to fixed host ports)"
+    )
     volumes: list[VolumeSpec] = Field(default_factory=list)
     healthcheck: HealthcheckSpec | None = None
     depends_on: dict[str, DependsOn] = Field(default_factory=dict)
-    command: list[str] | str | None = Field(default=None, description="Overrides the image's CMD; a string is split into words "
-                                                 "like compose does (no shell)")
-    init_sql: str | None = Field(default=None, description="SQL file (relative to base_dir) mounted into /docker-entrypoint-initdb.d/")
-    init_sql_target: str | None = Field(default=None, description="Where init_sql is mounted (the compose target; its "
-                                        "name orders the init scripts); default /docker-entrypoint-initdb.d/<file name>")
-    aliases: list[str] = Field(default_factory=list, description="More host names of the service on the trial network "
-                               "(compose networks.<net>.aliases); the service name always resolves")
-    entrypoint: list[str] | str | None = Field(default=None, description="Overrides the image's ENTRYPOINT (a string is "
-                                               "split into words, no shell)")
-    working_dir: str | None = Field(default=None, description="Working directory of the main process and of exec "
-                                    "(default: the workspace mount)")
+    command: list[str] | str | None = Field(
+        default=None, description="Overrides the image's CMD; a string is split into words like compose does (no shell)"
+    )
+    init_sql: str | None = Field(
+        default=None, description="SQL file (relative to base_dir) mounted into /docker-entrypoint-initdb.d/"
+    )
+    init_sql_target: str | None = Field(
+        default=None,
+        description="Where init_sql is mounted (the compose target; its "
+        "name orders the init scripts); default /docker-entrypoint-initdb.d/<file name>",
+    )
+    aliases: list[str] = Field(
+        default_factory=list,
+        description="More host names of the service on the trial network "
+        "(compose networks.<net>.aliases); the service name always resolves",
+    )
+    entrypoint: list[str] | str | None = Field(
+        default=None, description="Overrides the image's ENTRYPOINT (a string is split into words, no shell)"
+    )
+    working_dir: str | None = Field(
+        default=None, description="Working directory of the main process and of exec (default: the workspace mount)"
+    )
     user: str | None = None
     hostname: str | None = None
     dns: list[str] = Field(default_factory=list, description="DNS servers of the container")
@@ -158,7 +191,9 @@ class ServiceSpec(_Strict):
     ulimits: dict[str, tuple[int, int]] = Field(default_factory=dict, description="name -> (soft, hard)")
     shm_size: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    container_name: str | None = Field(default=None, description="Recorded from compose, never used (names are per trial)")
+    container_name: str | None = Field(
+        default=None, description="Recorded from compose, never used (names are per trial)"
+    )
 
     @field_validator("depends_on", mode="before")
     @classmethod
@@ -189,15 +224,28 @@ class ServiceSpec(_Strict):
 
 class EnvSpec(_Strict):
     services: dict[str, ServiceSpec]
-    app_service: str | None = Field(default=None, description="The service holding the workspace where exec runs; "
-                                    "default: the one mounting the workspace, else 'app', else the only service")
-    base_dir: str | None = Field(default=None, description="Folder relative paths (build, env_file, bind mounts) are resolved in")
-    ignored: list[str] = Field(default_factory=list, description="Compose settings accepted but not applied, each with why")
-    warnings: list[str] = Field(default_factory=list, description="What the import could not honour (e.g. a missing env_file)")
-    substitutions: dict[str, str] = Field(default_factory=dict, description="service -> 'declared -> used' image "
-                                          "swaps made by an image map (saasbench.catalog.imagemap)")
-    missing_variables: dict[str, str] = Field(default_factory=dict, description="Variables used without a value or "
-                                              "default (only from a non-strict import): name -> where and why")
+    app_service: str | None = Field(
+        default=None,
+        description="The service holding the workspace where exec runs; "
+        "default: the one mounting the workspace, else 'app', else the only service",
+    )
+    base_dir: str | None = Field(
+        default=None, description="Folder relative paths (build, env_file, bind mounts) are resolved in"
+    )
+    ignored: list[str] = Field(
+        default_factory=list, description="Compose settings accepted but not applied, each with why"
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="What the import could not honour (e.g. a missing env_file)"
+    )
+    substitutions: dict[str, str] = Field(
+        default_factory=dict,
+        description="service -> 'declared -> used' image swaps made by an image map (saasbench.catalog.imagemap)",
+    )
+    missing_variables: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables used without a value or default (only from a non-strict import): name -> where and why",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EnvSpec:
@@ -208,11 +256,15 @@ class EnvSpec(_Strict):
                 if dep not in self.services:
                     raise ValueError(f"service {name!r} depends on unknown service {dep!r}")
                 if cond.condition == "service_healthy" and self.services[dep].healthcheck is None:
-                    raise ValueError(f"service {name!r} waits for {dep!r} to be healthy, but {dep!r} has no healthcheck")
+                    raise ValueError(
+                        f"service {name!r} waits for {dep!r} to be healthy, but {dep!r} has no healthcheck"
+                    )
         self.start_order()  # raises on a cycle
         app = self.app()
         if self.services[app].workspace_target() is None:
-            self.services[app].volumes.append(VolumeSpec(source=WORKSPACE, target=DEFAULT_WORKSPACE_TARGET, kind="workspace"))
+            self.services[app].volumes.append(
+                VolumeSpec(source=WORKSPACE, target=DEFAULT_WORKSPACE_TARGET, kind="workspace")
+            )
         return self
 
     def app(self) -> str:
@@ -269,7 +321,10 @@ def _env_mapping(v: Any) -> Any:
             out[key] = value if sep else ""
         return out
     if isinstance(v, dict):
-        return {str(k): "" if val is None else (str(val).lower() if isinstance(val, bool) else str(val)) for k, val in v.items()}
+        return {
+            str(k): "" if val is None else (str(val).lower() if isinstance(val, bool) else str(val))
+            for k, val in v.items()
+        }
     return v
 
 
@@ -381,7 +436,11 @@ def _parse_volume(item: Any, where: str, named: set[str]) -> VolumeSpec:
         source, target = parts[0], parts[1]
         opts = parts[2].split(",") if len(parts) > 2 else []
         ro = "ro" in opts
-    if source.rstrip("/") in ("./workspace", "workspace") or source.rstrip("/").endswith("/workspace") and source.startswith("."):
+    if (
+        source.rstrip("/") in ("./workspace", "workspace")
+        or source.rstrip("/").endswith("/workspace")
+        and source.startswith(".")
+    ):
         return VolumeSpec(source=WORKSPACE, target=target, kind="workspace", read_only=ro)
     if source.startswith((".", "/", "~")):
         return VolumeSpec(source=source, target=target, kind="bind", read_only=ro)
@@ -393,9 +452,11 @@ def _parse_volume(item: Any, where: str, named: set[str]) -> VolumeSpec:
 def _check_keys(data: dict, allowed: set[str], where: str) -> None:
     unknown = sorted(k for k in set(data) - allowed if not str(k).startswith("x-"))
     if unknown:
-        raise SpecError(f"{where}: unsupported compose key {unknown[0]!r}"
-                        + (f" (also {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else "")
-                        + f"; supported: {', '.join(sorted(allowed))}")
+        raise SpecError(
+            f"{where}: unsupported compose key {unknown[0]!r}"
+            + (f" (also {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else "")
+            + f"; supported: {', '.join(sorted(allowed))}"
+        )
 
 
 _SCHEMA: dict[str, Any] | None = None
@@ -408,7 +469,9 @@ def compose_schema() -> dict[str, Any]:
         import json
         from importlib import resources
 
-        text = resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text("utf-8")
+        text = (
+            resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text("utf-8")
+        )
         _SCHEMA = json.loads(text)
     return _SCHEMA
 
@@ -421,9 +484,13 @@ def validate_compose(data: Any, where: str) -> None:
     validator = jsonschema.validators.validator_for(schema)(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        shown = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message[:200]}" for e in errors[:5])
-        raise SpecError(f"{where}: not a valid compose file (compose specification): {shown}"
-                        + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""))
+        shown = "; ".join(
+            f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message[:200]}" for e in errors[:5]
+        )
+        raise SpecError(
+            f"{where}: not a valid compose file (compose specification): {shown}"
+            + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else "")
+        )
 
 
 def _words(value: Any) -> list[str] | str | None:
@@ -472,13 +539,16 @@ def _env_files(value: Any, where: str, base: Path, warnings: list[str]) -> list[
         if (base / rel).is_file():
             out.append(rel)
         elif required:
-            warnings.append(f"{where}.env_file: {rel} does not exist next to the compose file; the service starts "
-                            "without its variables (create it before running trials)")
+            warnings.append(
+                f"{where}.env_file: {rel} does not exist next to the compose file; the service starts "
+                "without its variables (create it before running trials)"
+            )
     return out
 
 
-def import_compose(path: str | Path, *, variables: dict[str, str] | None = None, app_service: str | None = None,
-                   strict: bool = True) -> EnvSpec:
+def import_compose(
+    path: str | Path, *, variables: dict[str, str] | None = None, app_service: str | None = None, strict: bool = True
+) -> EnvSpec:
     """Read a ``docker-compose.yml`` into an :class:`EnvSpec`.
 
     The file is validated against the compose specification's JSON schema, YAML anchors and
@@ -503,7 +573,9 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
         raise SpecError(f"{path}: no services: mapping")
     validate_compose(data, str(path))
     ignored: list[str] = [f"{k} (top level): {IGNORED_TOP_KEYS[k]}" for k in IGNORED_TOP_KEYS if data.get(k)]
-    ignored += [f"{k} (top level): extension field, used through YAML anchors only" for k in data if str(k).startswith("x-")]
+    ignored += [
+        f"{k} (top level): extension field, used through YAML anchors only" for k in data if str(k).startswith("x-")
+    ]
     _check_keys(data, TOP_KEYS, path.name)
     warnings: list[str] = []
     env_vars: dict[str, str] = {}
@@ -533,8 +605,11 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
                 out["build"] = {"context": b}
             else:
                 _check_keys(b, BUILD_KEYS, f"{where}.build")
-                out["build"] = {"context": str(b.get("context", ".")), "dockerfile": str(b.get("dockerfile", "Dockerfile")),
-                                "args": _env_mapping(b.get("args"))}
+                out["build"] = {
+                    "context": str(b.get("context", ".")),
+                    "dockerfile": str(b.get("dockerfile", "Dockerfile")),
+                    "args": _env_mapping(b.get("args")),
+                }
             if "image" in out:
                 ignored.append(f"services.{name}.image ({out.pop('image')}): built locally instead")
         out["environment"] = svc.get("environment")
@@ -542,8 +617,10 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
             out["env_file"] = _env_files(svc["env_file"], where, path.parent, warnings)
         ports = [_parse_port(p, f"{where}.ports") for p in svc.get("ports") or []]
         if ports:
-            ignored.append(f"services.{name}.ports host side: published ports would clash between trials; "
-                           "the service is reached on the trial network instead")
+            ignored.append(
+                f"services.{name}.ports host side: published ports would clash between trials; "
+                "the service is reached on the trial network instead"
+            )
         ports += [_parse_port(p, f"{where}.expose") for p in svc.get("expose") or []]
         if ports:
             out["ports"] = list(dict.fromkeys(ports))
@@ -557,8 +634,10 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
         out["volumes"] = keep
         for v in vols:
             if v.kind == "bind" and not (path.parent / os.path.expanduser(v.source)).exists():
-                warnings.append(f"{where}.volumes: bind mount source {v.source} does not exist next to the compose file "
-                                "(not shipped?); the service cannot start without it")
+                warnings.append(
+                    f"{where}.volumes: bind mount source {v.source} does not exist next to the compose file "
+                    "(not shipped?); the service cannot start without it"
+                )
         if "healthcheck" in svc:
             h = svc["healthcheck"] or {}
             _check_keys(h, HEALTH_KEYS, f"{where}.healthcheck")
@@ -594,12 +673,25 @@ def import_compose(path: str | Path, *, variables: dict[str, str] | None = None,
         if "labels" in svc:
             out["labels"] = _env_mapping(svc["labels"])
         if isinstance(svc.get("networks"), dict):  # one trial network, but the host names a task relies on stay
-            out["aliases"] = list(dict.fromkeys(str(a) for net in svc["networks"].values() if isinstance(net, dict)
-                                                for a in net.get("aliases") or [] if str(a) != name))
+            out["aliases"] = list(
+                dict.fromkeys(
+                    str(a)
+                    for net in svc["networks"].values()
+                    if isinstance(net, dict)
+                    for a in net.get("aliases") or []
+                    if str(a) != name
+                )
+            )
         services[name] = out
     try:
-        return EnvSpec(services=services, app_service=app_service, base_dir=str(path.parent.resolve()), ignored=ignored,
-                       warnings=warnings, missing_variables=missing or {})
+        return EnvSpec(
+            services=services,
+            app_service=app_service,
+            base_dir=str(path.parent.resolve()),
+            ignored=ignored,
+            warnings=warnings,
+            missing_variables=missing or {},
+        )
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
 
@@ -625,8 +717,9 @@ def env_spec_for_task(task: Task, *, image: str = DEFAULT_IMAGE) -> EnvSpec:
 
     block = task.spec.environment or {}
     if block.get("compose"):
-        spec = import_compose(task.root / str(block["compose"]), app_service=block.get("app_service"),
-                              variables=compose_variables(task))
+        spec = import_compose(
+            task.root / str(block["compose"]), app_service=block.get("app_service"), variables=compose_variables(task)
+        )
     elif isinstance(block.get("services"), dict):
         data = {k: v for k, v in block.items() if k in ("services", "app_service")}
         spec = EnvSpec.model_validate({**data, "base_dir": str(task.root)})

@@ -47,7 +47,9 @@ class ImageSubstitute(BaseModel):
     command: list[str] | str | None = None
     entrypoint: list[str] | str | None = None
     healthcheck: HealthcheckSpec | None = None
-    note: str = Field(default="", description="Why this substitute is faithful (or how it is not); shown by `tasks images`")
+    note: str = Field(
+        default="", description="Why this substitute is faithful (or how it is not); shown by `tasks images`"
+    )
 
 
 class ImageMap(BaseModel):
@@ -162,6 +164,13 @@ def image_needs(spec: EnvSpec, client: Any | None = None) -> list[ImageNeed]:
             except docker.errors.ImageNotFound:
                 available = False
         declared = spec.substitutions.get(name, "").split(" -> ")[0] or str(svc.image)
-        out.append(ImageNeed(service=name, declared=declared, image=svc.image,
-                             substitute=spec.substitutions.get(name), available=available))
+        out.append(
+            ImageNeed(
+                service=name,
+                declared=declared,
+                image=svc.image,
+                substitute=spec.substitutions.get(name),
+                available=available,
+            )
+        )
     return out

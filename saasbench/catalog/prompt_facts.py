@@ -313,8 +313,13 @@ def _engine_version(text: str) -> tuple[str | None, str | None]:
 
 def _engine_from_scheme(scheme: str) -> str | None:
     scheme = scheme.lower().removeprefix("jdbc:")
-    for prefix, engine in (("postgres", "postgresql"), ("mysql", "mysql"), ("mariadb", "mariadb"),
-                           ("mongodb", "mongodb"), ("sqlite", "sqlite")):
+    for prefix, engine in (
+        ("postgres", "postgresql"),
+        ("mysql", "mysql"),
+        ("mariadb", "mariadb"),
+        ("mongodb", "mongodb"),
+        ("sqlite", "sqlite"),
+    ):
         if scheme.startswith(prefix):
             return engine
     return None

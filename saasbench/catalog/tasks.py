@@ -46,7 +46,9 @@ class _Open(BaseModel):
 
 
 class AppSpec(_Open):
-    port: int = Field(default=8000, description="The port the app listens on in its container (local runs allocate a free one)")
+    port: int = Field(
+        default=8000, description="The port the app listens on in its container (local runs allocate a free one)"
+    )
     health_path: str = Field(default="/", description="GET this path; 2xx/3xx means the app is up")
     start_command: str | None = Field(
         default="bash run.sh",
@@ -95,15 +97,22 @@ class TaskSpec(_Open):
     timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
     reference: ReferenceSpec | None = None
     environment: dict[str, Any] = Field(
-        default_factory=dict, description="Backend settings; ``env`` (a mapping) is passed to every service and command")
+        default_factory=dict, description="Backend settings; ``env`` (a mapping) is passed to every service and command"
+    )
     exec_env: dict[str, str] = Field(
-        default_factory=dict, description="Variables every P12/P21 command gets in a trial (literal values; win over exec_env_file)")
+        default_factory=dict,
+        description="Variables every P12/P21 command gets in a trial (literal values; win over exec_env_file)",
+    )
     exec_env_file: str | None = Field(
-        default=None, description="K=V / export K=V file (relative to the task folder, confined to it) for P12/P21 commands; "
-        "$VAR expands against earlier lines and the environment's variables; parsed, never run")
+        default=None,
+        description="K=V / export K=V file (relative to the task folder, confined to it) for P12/P21 commands; "
+        "$VAR expands against earlier lines and the environment's variables; parsed, never run",
+    )
     facts: PromptFacts | None = Field(
-        default=None, description="Facts the agent is told (product, container, workdir, tools, database, ports, evaluation "
-        "users), read from the public prompt_for_model.md at import; the prompt is built from them")
+        default=None,
+        description="Facts the agent is told (product, container, workdir, tools, database, ports, evaluation "
+        "users), read from the public prompt_for_model.md at import; the prompt is built from them",
+    )
     prd: str = Field(default=PRD_FILE, description="PRD file, relative to the task folder")
     knowledge_base: str = Field(default=KB_FILE, description="Knowledge base file, relative to the task folder")
     dag: str = Field(default=DAG_FILE, description="Validation DAG file, relative to the task folder")
@@ -112,7 +121,8 @@ class TaskSpec(_Open):
         description="Workspace paths (files or folders, relative to the workspace) the evaluator relies on: hashed "
         "after the harness prepared the workspace and again after the rollout; any change (modified, deleted, created) "
         "voids the trial (voided_cheat). Unset: the staged PRD and KB copies are hashed and a change is only reported "
-        "(severity warn), since no evaluator reads them")
+        "(severity warn), since no evaluator reads them",
+    )
 
     @field_validator("exec_env", mode="before")
     @classmethod
@@ -304,8 +314,14 @@ class ImportResult:
     dag_warnings: list[str] = field(default_factory=list)  # from load_dag
 
 
-_DB_IMAGES = (("pgvector", "postgresql"), ("postgis", "postgresql"), ("postgres", "postgresql"), ("mariadb", "mariadb"),
-              ("mysql", "mysql"), ("mongo", "mongodb"))
+_DB_IMAGES = (
+    ("pgvector", "postgresql"),
+    ("postgis", "postgresql"),
+    ("postgres", "postgresql"),
+    ("mariadb", "mariadb"),
+    ("mysql", "mysql"),
+    ("mongo", "mongodb"),
+)
 _DB_ENV = {
     "name": ("POSTGRES_DB", "MYSQL_DATABASE", "MARIADB_DATABASE", "MONGO_INITDB_DATABASE"),
     "user": ("POSTGRES_USER", "MYSQL_USER", "MARIADB_USER", "MONGO_INITDB_ROOT_USERNAME"),
@@ -413,16 +429,33 @@ def _find_public_dirs(src: Path, public_id: str, warnings: list[str]) -> tuple[P
     """(tasks/task_<id>, check/task_<id>, check/task_<id>_e/evaluate) of a public task folder, each None when absent."""
     inner: Path | None = src / "tasks" / public_id
     if not (src / "tasks" / public_id).is_dir():
-        inner = _one(sorted(p for p in (src / "tasks").glob("task_*") if p.is_dir()), "tasks/task_* folders", warnings) \
-            if (src / "tasks").is_dir() else None
+        inner = (
+            _one(sorted(p for p in (src / "tasks").glob("task_*") if p.is_dir()), "tasks/task_* folders", warnings)
+            if (src / "tasks").is_dir()
+            else None
+        )
     check: Path | None = src / "check" / public_id
     if not (src / "check" / public_id).is_dir():
-        check = _one(sorted(p for p in (src / "check").glob("task_*") if p.is_dir() and not p.name.endswith("_e")),
-                     "check/task_* folders", warnings) if (src / "check").is_dir() else None
+        check = (
+            _one(
+                sorted(p for p in (src / "check").glob("task_*") if p.is_dir() and not p.name.endswith("_e")),
+                "check/task_* folders",
+                warnings,
+            )
+            if (src / "check").is_dir()
+            else None
+        )
     evaluate: Path | None = src / "check" / f"{public_id}_e" / "evaluate"
     if not (src / "check" / f"{public_id}_e" / "evaluate").is_dir():
-        evaluate = _one(sorted(p for p in (src / "check").glob("*_e/evaluate") if p.is_dir()), "check/*_e/evaluate folders",
-                        warnings) if (src / "check").is_dir() else None
+        evaluate = (
+            _one(
+                sorted(p for p in (src / "check").glob("*_e/evaluate") if p.is_dir()),
+                "check/*_e/evaluate folders",
+                warnings,
+            )
+            if (src / "check").is_dir()
+            else None
+        )
     return inner, check, evaluate
 
 
@@ -438,8 +471,10 @@ def _pick_dag(evaluate: Path | None, dag: Path | None, warnings: list[str]) -> P
     if (evaluate / "dag_smoke.json").is_file():
         warnings.append("no dag.json; imported dag_smoke.json (a subset of the benchmark's nodes)")
         return evaluate / "dag_smoke.json"
-    warnings.append("no dag.json in check/*_e/evaluate (the repository's large DAGs are not always shipped); "
-                    "attach one with `saasbench tasks import --dag FILE` or place it as dag.json")
+    warnings.append(
+        "no dag.json in check/*_e/evaluate (the repository's large DAGs are not always shipped); "
+        "attach one with `saasbench tasks import --dag FILE` or place it as dag.json"
+    )
     return None
 
 
@@ -451,15 +486,24 @@ def _users_profile(facts: Any) -> dict[str, Any] | None:
         role, n = base, 2
         while role in users:
             role, n = f"{base}{n}", n + 1
-        fields = {k: v for k, v in (("username", user.username), ("email", user.email), ("password", user.password),
-                                    ("name", user.name)) if v}
+        fields = {
+            k: v
+            for k, v in (
+                ("username", user.username),
+                ("email", user.email),
+                ("password", user.password),
+                ("name", user.name),
+            )
+            if v
+        }
         fields.update({k: v for k, v in user.extra.items() if k not in fields})
         users[role] = fields
     return {"users": users, "default_role": next(iter(users))} if users else None
 
 
-def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, overwrite: bool = False,
-                       dag: str | Path | None = None) -> ImportResult:
+def import_public_task(
+    src: str | Path, dest_root: str | Path | None = None, *, overwrite: bool = False, dag: str | Path | None = None
+) -> ImportResult:
     """Import one public SaaSBench task folder (``task_<id>/``) as ``<dest_root>/<id>/``.
 
     Reads what is there and records what is not: ``tasks/task_<id>/task/task.md`` and
@@ -486,15 +530,20 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
     warnings: list[str] = []
     inner, check, evaluate = _find_public_dirs(src, public_id, warnings)
     if inner is None and evaluate is None:
-        raise TaskError(f"{src}: not a public SaaSBench task folder (expected tasks/{public_id}/ and check/{public_id}_e/evaluate/)")
+        raise TaskError(
+            f"{src}: not a public SaaSBench task folder (expected tasks/{public_id}/ and check/{public_id}_e/evaluate/)"
+        )
     dag_src = _pick_dag(evaluate, Path(dag) if dag is not None else None, warnings)
     loaded = None
     if dag_src is not None:
         try:
             loaded = load_dag(dag_src)
         except DagLoadError as exc:
-            raise TaskError(f"{dag_src}: DAG does not load: " + "; ".join(str(i) for i in exc.issues[:10])
-                            + (f" (+{len(exc.issues) - 10} more)" if len(exc.issues) > 10 else "")) from None
+            raise TaskError(
+                f"{dag_src}: DAG does not load: "
+                + "; ".join(str(i) for i in exc.issues[:10])
+                + (f" (+{len(exc.issues) - 10} more)" if len(exc.issues) > 10 else "")
+            ) from None
 
     prompt = check / "prompt_for_model.md" if check is not None else None
     facts = None
@@ -529,22 +578,33 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
         try:
             parse_kb(json.loads(kb.read_text(encoding="utf-8-sig")), source=str(kb))
         except (json.JSONDecodeError, TaskError) as exc:
-            warnings.append(f"knowledge base does not match {{id, question, answer, source_reference, confidence}}: {exc}")
+            warnings.append(
+                f"knowledge base does not match {{id, question, answer, source_reference, confidence}}: {exc}"
+            )
         shutil.copy2(kb, dest / KB_FILE)
     else:
         warnings.append("no kb/knowledge_base.json (published separately: `saasbench tasks fetch` downloads it)")
     if prompt is not None and prompt.is_file():
         shutil.copy2(prompt, dest / "prompt_for_model.md")
-        title = (facts.product if facts is not None else None) or title \
+        title = (
+            (facts.product if facts is not None else None)
+            or title
             or _first_heading(prompt.read_text(encoding="utf-8", errors="replace"))
+        )
 
     compose_facts: dict[str, Any] = {}
     environment: dict[str, Any] = {}
     docker = inner / "docker" if inner is not None else None
     if docker is not None and docker.is_dir():
-        shutil.copytree(docker, dest / "environment", ignore=lambda d, names: ["workspace"] if Path(d) == docker else [],
-                        symlinks=True)
-        compose = next((n for n in ("docker-compose.yml", "docker-compose.yaml", "compose.yaml") if (docker / n).is_file()), None)
+        shutil.copytree(
+            docker,
+            dest / "environment",
+            ignore=lambda d, names: ["workspace"] if Path(d) == docker else [],
+            symlinks=True,
+        )
+        compose = next(
+            (n for n in ("docker-compose.yml", "docker-compose.yaml", "compose.yaml") if (docker / n).is_file()), None
+        )
         if compose is not None:
             compose_facts = _compose_facts(docker / compose, warnings)
             try:
@@ -554,16 +614,24 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
             else:
                 # The reference harness starts a trial's stack in "model" mode: IMAGE_TAG=model (the clean toolchain
                 # image, no app) and APP_CMD="sleep infinity" (the agent starts the app itself).
-                environment = {"compose": f"environment/{compose}", "services": list(env.services), "app_service": env.app(),
-                               "variables": {"IMAGE_TAG": "model", "APP_CMD": "sleep infinity"}}
+                environment = {
+                    "compose": f"environment/{compose}",
+                    "services": list(env.services),
+                    "app_service": env.app(),
+                    "variables": {"IMAGE_TAG": "model", "APP_CMD": "sleep infinity"},
+                }
                 documented = ", ".join(facts.env_vars) if facts is not None and facts.env_vars else "none listed"
-                warnings += [f"{w} (variables the prompt documents: {documented})" if "env_file" in w else w
-                             for w in env.warnings]
+                warnings += [
+                    f"{w} (variables the prompt documents: {documented})" if "env_file" in w else w
+                    for w in env.warnings
+                ]
                 if env.missing_variables:
                     environment["secrets"] = sorted(env.missing_variables)
-                    warnings.append("variables without a value or default, generated per trial as random secrets "
-                                    "(environment.secrets; set environment.variables to fix a value): "
-                                    + "; ".join(f"{k} ({v})" for k, v in sorted(env.missing_variables.items())))
+                    warnings.append(
+                        "variables without a value or default, generated per trial as random secrets "
+                        "(environment.secrets; set environment.variables to fix a value): "
+                        + "; ".join(f"{k} ({v})" for k, v in sorted(env.missing_variables.items()))
+                    )
         else:
             warnings.append("docker/ has no docker-compose.yml; database engine and app port unknown")
         if "app_port" not in compose_facts:
@@ -575,9 +643,20 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
     if facts is not None:
         if facts.database is not None and facts.database.host:
             environment["db_host"] = facts.database.host
-        environment.update({k: v for k, v in (("product", facts.product), ("container", facts.container),
-                                              ("workdir", facts.workdir), ("base_os", facts.base_os),
-                                              ("tools", facts.tools), ("requirements", facts.requirements)) if v})
+        environment.update(
+            {
+                k: v
+                for k, v in (
+                    ("product", facts.product),
+                    ("container", facts.container),
+                    ("workdir", facts.workdir),
+                    ("base_os", facts.base_os),
+                    ("tools", facts.tools),
+                    ("requirements", facts.requirements),
+                )
+                if v
+            }
+        )
 
     spec: dict[str, Any] = {"id": task_id, "title": title or public_id}
     if loaded is not None and loaded.dag.meta.get("category"):
@@ -587,12 +666,26 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
         warnings.append("app port not found in prompt_for_model.md, docker-compose.yml or .env; defaulted to 8000")
     # The agent starts the app itself (the prompt says so); there is no deployment contract to run after it.
     spec["app"] = {"port": int(app_port or 8000), "health_path": "/", "start_command": None}
-    database = {k: v for k, v in (compose_facts.get("database") or {}).items()
-                if k in ("engine", "version", "name", "user", "password", "port")}
+    database = {
+        k: v
+        for k, v in (compose_facts.get("database") or {}).items()
+        if k in ("engine", "version", "name", "user", "password", "port")
+    }
     if facts is not None and facts.database is not None:
         fdb = facts.database
-        database.update({k: v for k, v in (("engine", fdb.engine), ("name", fdb.name), ("user", fdb.user),
-                                           ("password", fdb.password), ("port", fdb.port)) if v})
+        database.update(
+            {
+                k: v
+                for k, v in (
+                    ("engine", fdb.engine),
+                    ("name", fdb.name),
+                    ("user", fdb.user),
+                    ("password", fdb.password),
+                    ("port", fdb.port),
+                )
+                if v
+            }
+        )
         if fdb.version:
             database.setdefault("version", fdb.version)
         if fdb.extensions:
@@ -608,11 +701,17 @@ def import_public_task(src: str | Path, dest_root: str | Path | None = None, *, 
     spec["environment"] = environment
     if facts is not None:
         spec["facts"] = facts.model_dump(mode="json", exclude={"prompt_text", "warnings"}, exclude_none=True)
-    spec["source"] = {"kind": "saasbench-public", "task": public_id, "dag": dag_src.name if dag_src is not None else None}
+    spec["source"] = {
+        "kind": "saasbench-public",
+        "task": public_id,
+        "dag": dag_src.name if dag_src is not None else None,
+    }
     warnings.append("domain and stack are not derivable from the public layout; fill them in task.yaml")
     (dest / TASK_FILE).write_text(
         "# Imported from the public SaaSBench layout by `saasbench tasks import`; review domain and stack.\n"
-        + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        + yaml.safe_dump(spec, sort_keys=False, allow_unicode=True),
+        encoding="utf-8",
+    )
     task = load_task_dir(dest)
     return ImportResult(task=task, warnings=warnings, dag_warnings=[str(i) for i in loaded.warnings] if loaded else [])
 
@@ -634,9 +733,15 @@ class Readiness(BaseModel):
     """What a task still lacks to run, as ``tasks list``/``tasks show``/``tasks fetch`` report it."""
 
     task: str
-    needs: list[str] = Field(default_factory=list, description="DAG, PRD, images, variables, files: each blocks a trial")
-    notes: list[str] = Field(default_factory=list, description="Details and things that do not block (smoke-only DAG, ...)")
-    images: list[Any] = Field(default_factory=list, description="saasbench.catalog.imagemap.ImageNeed per service (Docker tasks)")
+    needs: list[str] = Field(
+        default_factory=list, description="DAG, PRD, images, variables, files: each blocks a trial"
+    )
+    notes: list[str] = Field(
+        default_factory=list, description="Details and things that do not block (smoke-only DAG, ...)"
+    )
+    images: list[Any] = Field(
+        default_factory=list, description="saasbench.catalog.imagemap.ImageNeed per service (Docker tasks)"
+    )
 
     @property
     def status(self) -> str:
@@ -672,8 +777,11 @@ def readiness(task: Task, *, docker_client: Any | None = None) -> Readiness:
         except DagLoadError as exc:
             out.needs.append("DAG")
             out.notes.append(f"{task.spec.dag} does not load ({len(exc.issues)} error(s); saasbench dag check)")
-    missing_inputs = [p.name for p in (task.prd_path, task.kb_path)
-                      if not p.is_file() and (p == task.prd_path or public.get("kind") == "saasbench-public")]
+    missing_inputs = [
+        p.name
+        for p in (task.prd_path, task.kb_path)
+        if not p.is_file() and (p == task.prd_path or public.get("kind") == "saasbench-public")
+    ]
     if missing_inputs:
         out.needs.append("PRD")
         out.notes.append(f"missing {' and '.join(missing_inputs)} (`saasbench tasks fetch {task.id}` downloads them)")
@@ -695,8 +803,11 @@ def readiness(task: Task, *, docker_client: Any | None = None) -> Readiness:
             absent = [n for n in out.images if n.available is False]
             if absent:
                 out.needs.append("images")
-                out.notes.append("images not in the engine: " + ", ".join(sorted({str(n.image) for n in absent}))
-                                 + " (pull or import them, or map substitutes: saasbench tasks images)")
+                out.notes.append(
+                    "images not in the engine: "
+                    + ", ".join(sorted({str(n.image) for n in absent}))
+                    + " (pull or import them, or map substitutes: saasbench tasks images)"
+                )
             elif docker_client is None and any(n.image for n in out.images):
                 out.notes.append("images not checked (no Docker engine answered)")
     return out

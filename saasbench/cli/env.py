@@ -17,8 +17,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-env_app = typer.Typer(help="Task environments by hand: up, exec, down, prune, images.\n\nExample: saasbench env up timetrack --backend docker",
-                      no_args_is_help=True)
+env_app = typer.Typer(
+    help="Task environments by hand: up, exec, down, prune, images.\n\nExample: saasbench env up timetrack --backend docker",
+    no_args_is_help=True,
+)
 
 
 def _client():
@@ -37,8 +39,12 @@ def _client():
 def env_up(
     task: Annotated[str, typer.Argument(help="Task id or folder")],
     backend: Annotated[str, typer.Option("--backend", help="local or docker")] = "local",
-    agent: Annotated[str, typer.Option("--agent", help="Agent to run first (oracle installs the reference; nop leaves it empty)")] = "oracle",
-    start: Annotated[bool, typer.Option("--start/--no-start", help="Start the app with the task's deployment contract")] = True,
+    agent: Annotated[
+        str, typer.Option("--agent", help="Agent to run first (oracle installs the reference; nop leaves it empty)")
+    ] = "oracle",
+    start: Annotated[
+        bool, typer.Option("--start/--no-start", help="Start the app with the task's deployment contract")
+    ] = True,
 ) -> None:
     """Start a task's environment, run an agent, start the app, and hold it until Ctrl-C.
 
@@ -66,7 +72,9 @@ def env_up(
         a.run(build_prompt(spec, env), env, Budget(wall_s=spec.spec.timeouts.agent_s))
         console.print(f"task [bold]{spec.id}[/] on {backend}; workspace {escape(str(env.workspace_dir))}")
         if backend == "docker":
-            console.print(f"trial id [bold]{env.trial_id}[/]  (saasbench env exec {env.trial_id} 'ls'; saasbench env down {env.trial_id})")
+            console.print(
+                f"trial id [bold]{env.trial_id}[/]  (saasbench env exec {env.trial_id} 'ls'; saasbench env down {env.trial_id})"
+            )
         if start:
             app = start_app(spec, env, command=a.app_start_command(spec))
             if app.ok:
@@ -124,7 +132,9 @@ def env_down(trial: Annotated[str, typer.Argument(help="Trial id printed by env 
 
 @env_app.command("prune")
 def env_prune(
-    older_than: Annotated[Optional[float], typer.Option("--older-than", help="Also remove any trial older than this many seconds")] = None,
+    older_than: Annotated[
+        Optional[float], typer.Option("--older-than", help="Also remove any trial older than this many seconds")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed")] = False,
 ) -> None:
     """Remove the leftovers of Docker trials whose owner process is gone.
@@ -139,8 +149,12 @@ def env_prune(
 
 @env_app.command("images")
 def env_images(
-    prune_age: Annotated[Optional[float], typer.Option("--prune-age", help="Remove cached images unused for this many seconds")] = None,
-    prune_bytes: Annotated[Optional[int], typer.Option("--prune-bytes", help="Then remove least recently used images until the rest fit")] = None,
+    prune_age: Annotated[
+        Optional[float], typer.Option("--prune-age", help="Remove cached images unused for this many seconds")
+    ] = None,
+    prune_bytes: Annotated[
+        Optional[int], typer.Option("--prune-bytes", help="Then remove least recently used images until the rest fit")
+    ] = None,
 ) -> None:
     """List the content-addressed image cache (least recently used first), optionally pruning it.
 

@@ -32,23 +32,37 @@ def prefect_env() -> None:
         os.environ["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"saasbench-prefect-{os.getuid()}")
 
 
-JudgeModel = Annotated[str | None, typer.Option("--judge-model", help="litellm model of the LLM judge for llm-judge "
-                                                                   "nodes (without one they are SKIPPED_LLM)")]
+JudgeModel = Annotated[
+    str | None,
+    typer.Option(
+        "--judge-model", help="litellm model of the LLM judge for llm-judge nodes (without one they are SKIPPED_LLM)"
+    ),
+]
 JudgeApiBase = Annotated[str | None, typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge")]
-JudgeKeyEnv = Annotated[str | None, typer.Option("--judge-api-key-env", help="NAME of the variable holding the judge's key")]
-GatewayFile = Annotated[Path | None, typer.Option("--gateway", help="Model gateway config YAML (saasbench.runs.gateway."
-                                                                    "GatewayConfig: models, retries, ...)")]
+JudgeKeyEnv = Annotated[
+    str | None, typer.Option("--judge-api-key-env", help="NAME of the variable holding the judge's key")
+]
+GatewayFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--gateway", help="Model gateway config YAML (saasbench.runs.gateway.GatewayConfig: models, retries, ...)"
+    ),
+]
 
 
-def _judge_and_gateway(judge_model: str | None, judge_api_base: str | None, judge_api_key_env: str | None,
-                       gateway: Path | None) -> dict:
+def _judge_and_gateway(
+    judge_model: str | None, judge_api_base: str | None, judge_api_key_env: str | None, gateway: Path | None
+) -> dict:
     """SweepSpec fields from the judge and gateway options (empty when none are given)."""
     import yaml
 
     out: dict = {}
     if judge_model:
-        out["judge"] = {"model": judge_model, **({"api_base": judge_api_base} if judge_api_base else {}),
-                        **({"api_key_env": judge_api_key_env} if judge_api_key_env else {})}
+        out["judge"] = {
+            "model": judge_model,
+            **({"api_base": judge_api_base} if judge_api_base else {}),
+            **({"api_key_env": judge_api_key_env} if judge_api_key_env else {}),
+        }
     elif judge_api_base or judge_api_key_env:
         raise _fail("--judge-api-base/--judge-api-key-env need --judge-model")
     if gateway is not None:
@@ -64,8 +78,12 @@ def run_cmd(
     agent: Annotated[str, typer.Option("--agent", help="Agent name (oracle, nop, ...)")],
     model: Annotated[str | None, typer.Option("--model", help="Model for LLM agents")] = None,
     backend: Annotated[str, typer.Option("--backend", help="local or docker")] = "local",
-    lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")] = None,
-    sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id of the trial (default run-<task>-<agent>)")] = None,
+    lake: Annotated[
+        str | None, typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")
+    ] = None,
+    sweep_id: Annotated[
+        str | None, typer.Option("--sweep-id", help="Sweep id of the trial (default run-<task>-<agent>)")
+    ] = None,
     attempt: Annotated[int, typer.Option("--attempt", help="Attempt number (part of the trial id)")] = 0,
     judge_model: JudgeModel = None,
     judge_api_base: JudgeApiBase = None,
@@ -85,8 +103,15 @@ def run_cmd(
         raise _fail(f"--backend: {exc}") from None
     extra = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway)
     try:
-        spec = SweepSpec(sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}", tasks=[task], agents=[agent],
-                         models=[model], backend=backend, lake=lake, **extra)
+        spec = SweepSpec(
+            sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}",
+            tasks=[task],
+            agents=[agent],
+            models=[model],
+            backend=backend,
+            lake=lake,
+            **extra,
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
     prefect_env()
@@ -107,15 +132,30 @@ def sweep_cmd(
     lake: Annotated[str | None, typer.Option("--lake", help="Results lake URI")] = None,
     concurrency: Annotated[int | None, typer.Option("--concurrency", help="Trials at once")] = None,
     no_prefect: Annotated[bool, typer.Option("--no-prefect", help="Plain thread pool, no Prefect")] = False,
-    envs_per_host: Annotated[int | None, typer.Option(
-        "--envs-per-host", help="Environments at once per host (Prefect global concurrency limit; default "
-                                "$SAASBENCH_ENVS_PER_HOST, else unlimited)")] = None,
-    llm_calls: Annotated[str | None, typer.Option(
-        "--llm-calls", help="LLM calls at once per provider: N, or provider=N,...,*=N (default "
-                            "$SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited)")] = None,
-    dispatch: Annotated[str, typer.Option(
-        "--dispatch", help="local: trials in this process; deployment: each trial a flow run of the 'trial' "
-                           "deployment, run by the work pool's workers (needs PREFECT_API_URL)")] = "local",
+    envs_per_host: Annotated[
+        int | None,
+        typer.Option(
+            "--envs-per-host",
+            help="Environments at once per host (Prefect global concurrency limit; default "
+            "$SAASBENCH_ENVS_PER_HOST, else unlimited)",
+        ),
+    ] = None,
+    llm_calls: Annotated[
+        str | None,
+        typer.Option(
+            "--llm-calls",
+            help="LLM calls at once per provider: N, or provider=N,...,*=N (default "
+            "$SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited)",
+        ),
+    ] = None,
+    dispatch: Annotated[
+        str,
+        typer.Option(
+            "--dispatch",
+            help="local: trials in this process; deployment: each trial a flow run of the 'trial' "
+            "deployment, run by the work pool's workers (needs PREFECT_API_URL)",
+        ),
+    ] = "local",
     judge_model: JudgeModel = None,
     judge_api_base: JudgeApiBase = None,
     judge_api_key_env: JudgeKeyEnv = None,
@@ -138,8 +178,16 @@ def sweep_cmd(
             data = yaml.safe_load(spec_yaml.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise _fail(f"cannot read {spec_yaml}: {exc}") from None
-    for key, value in (("tasks", task), ("agents", agent), ("models", model), ("attempts", attempts),
-                       ("backend", backend), ("sweep_id", sweep_id), ("lake", lake), ("concurrency", concurrency)):
+    for key, value in (
+        ("tasks", task),
+        ("agents", agent),
+        ("models", model),
+        ("attempts", attempts),
+        ("backend", backend),
+        ("sweep_id", sweep_id),
+        ("lake", lake),
+        ("concurrency", concurrency),
+    ):
         if value:
             data[key] = value
     if dispatch not in ("local", "deployment"):

@@ -24,8 +24,14 @@ if TYPE_CHECKING:
 
 LAKE_ENV = "SAASBENCH_LAKE"
 
-LakeOption = Annotated[Optional[str], typer.Option(
-    "--lake", envvar=LAKE_ENV, help=f"Lake root: folder, file:///..., s3://bucket/prefix (default ${LAKE_ENV} or {settings.DEFAULT_LAKE})")]
+LakeOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lake",
+        envvar=LAKE_ENV,
+        help=f"Lake root: folder, file:///..., s3://bucket/prefix (default ${LAKE_ENV} or {settings.DEFAULT_LAKE})",
+    ),
+]
 
 
 def _n(value: float | None) -> str:
@@ -48,8 +54,12 @@ def render_report(console: Console, report: SweepReport) -> None:
         t2.add_column(escape(col), justify="right")
     for c in report.configs:
         v = c.valid
-        t2.add_row(escape(c.label), _n(v.pass_at_1), _n(v.node_coverage),
-                   *[_n(v.domains[d].score) if d in v.domains else "n/a" for d in domains])
+        t2.add_row(
+            escape(c.label),
+            _n(v.pass_at_1),
+            _n(v.node_coverage),
+            *[_n(v.domains[d].score) if d in v.domains else "n/a" for d in domains],
+        )
     console.print(t2)
 
     t3 = Table(title="Table 3: engineering capability backbones (valid trials)")
@@ -57,8 +67,9 @@ def render_report(console: Console, report: SweepReport) -> None:
     for b in BACKBONES:
         t3.add_column(b, justify="right")
     for c in report.configs:
-        t3.add_row(escape(c.label), *[_n(c.valid.backbones[b].score) if b in c.valid.backbones else "n/a"
-                                      for b in BACKBONES])
+        t3.add_row(
+            escape(c.label), *[_n(c.valid.backbones[b].score) if b in c.valid.backbones else "n/a" for b in BACKBONES]
+        )
     console.print(t3)
 
     outcomes = sorted({o for c in report.configs for o in c.outcome_counts})
@@ -67,14 +78,22 @@ def render_report(console: Console, report: SweepReport) -> None:
     for col in ["Valid/all", "Tasks", "Pass@1 (all)", "Determ.", "Judge max dropped", *outcomes]:
         tt.add_column(escape(col), justify="right")
     for c in report.configs:
-        tt.add_row(escape(c.label), f"{c.valid_trials}/{c.all.trials}", str(c.valid.tasks), _n(c.all.pass_at_1),
-                   _n(c.valid.deterministic), _n(c.valid.skipped_llm_max_score),
-                   *[str(c.outcome_counts.get(o, 0)) for o in outcomes])
+        tt.add_row(
+            escape(c.label),
+            f"{c.valid_trials}/{c.all.trials}",
+            str(c.valid.tasks),
+            _n(c.all.pass_at_1),
+            _n(c.valid.deterministic),
+            _n(c.valid.skipped_llm_max_score),
+            *[str(c.outcome_counts.get(o, 0)) for o in outcomes],
+        )
     console.print(tt)
 
     kmax = max((len(c.valid.pass_at_k) for c in report.configs), default=0)
     if kmax > 1:
-        tk = Table(title=f"pass@k (a trial passes when its task score >= {report.pass_threshold:g}; unbiased estimator)")
+        tk = Table(
+            title=f"pass@k (a trial passes when its task score >= {report.pass_threshold:g}; unbiased estimator)"
+        )
         tk.add_column("Agent / model", no_wrap=True)
         for k in range(1, kmax + 1):
             tk.add_column(f"pass@{k}", justify="right")
@@ -82,55 +101,87 @@ def render_report(console: Console, report: SweepReport) -> None:
             tk.add_row(escape(c.label), *[_n(c.valid.pass_at_k.get(k)) for k in range(1, kmax + 1)])
         console.print(tk)
 
-    console.print("[dim]Pass@1 = mean over tasks of the task score (mean over attempts first); valid trials exclude "
-                  "env_error, judge_error, task_defect; 'all' counts those as 0.[/]")
+    console.print(
+        "[dim]Pass@1 = mean over tasks of the task score (mean over attempts first); valid trials exclude "
+        "env_error, judge_error, task_defect; 'all' counts those as 0.[/]"
+    )
     if report.unknown_categories:
-        console.print(f"[yellow]unknown categories[/] (no backbone; {report.unknown_category_nodes} node rows, counted in "
-                      f"task scores, absent from Table 3): {escape(', '.join(report.unknown_categories))}")
+        console.print(
+            f"[yellow]unknown categories[/] (no backbone; {report.unknown_category_nodes} node rows, counted in "
+            f"task scores, absent from Table 3): {escape(', '.join(report.unknown_categories))}"
+        )
     else:
         console.print("unknown categories: none")
     if report.orphan_node_rows:
         console.print(f"[yellow]{report.orphan_node_rows} node_results row(s) belong to no trials row (not scored)[/]")
     if report.score_mismatches:
-        console.print(f"[yellow]{len(report.score_mismatches)} trial(s) whose stored task_score differs from the "
-                      "recomputation from node rows[/]: "
-                      + escape(", ".join(f"{m.trial_id} ({_n(m.stored)} vs {_n(m.recomputed)})"
-                                         for m in report.score_mismatches[:10])))
+        console.print(
+            f"[yellow]{len(report.score_mismatches)} trial(s) whose stored task_score differs from the "
+            "recomputation from node rows[/]: "
+            + escape(
+                ", ".join(f"{m.trial_id} ({_n(m.stored)} vs {_n(m.recomputed)})" for m in report.score_mismatches[:10])
+            )
+        )
 
 
 def render_compare(console: Console, cmp: CompareReport, *, max_nodes: int = 50) -> None:
-    t = Table(title=f"Paired task-score differences {escape(cmp.sweep_b)} - {escape(cmp.sweep_a)} "
-                    f"(valid trials; bootstrap 95% CI, {cmp.resamples} resamples, seed {cmp.seed})")
+    t = Table(
+        title=f"Paired task-score differences {escape(cmp.sweep_b)} - {escape(cmp.sweep_a)} "
+        f"(valid trials; bootstrap 95% CI, {cmp.resamples} resamples, seed {cmp.seed})"
+    )
     t.add_column("Agent / model", no_wrap=True)
     for col in ["Tasks", f"Mean {cmp.sweep_a}", f"Mean {cmp.sweep_b}", "Mean diff", "95% CI"]:
         t.add_column(escape(col), justify="right")
     for c in cmp.configs:
         ci = "n/a" if c.ci_low is None else f"[{_signed(c.ci_low)}, {_signed(c.ci_high)}]"
-        t.add_row(escape(f"{c.agent or '-'} / {c.model or '-'}"), str(c.tasks), _n(c.mean_a), _n(c.mean_b),
-                  _signed(c.mean_diff), escape(ci))
+        t.add_row(
+            escape(f"{c.agent or '-'} / {c.model or '-'}"),
+            str(c.tasks),
+            _n(c.mean_a),
+            _n(c.mean_b),
+            _signed(c.mean_diff),
+            escape(ci),
+        )
     console.print(t)
     if cmp.only_in_a or cmp.only_in_b:
-        console.print(f"only in {escape(cmp.sweep_a)}: {escape(', '.join(cmp.only_in_a) or '-')}; "
-                      f"only in {escape(cmp.sweep_b)}: {escape(', '.join(cmp.only_in_b) or '-')}")
+        console.print(
+            f"only in {escape(cmp.sweep_a)}: {escape(', '.join(cmp.only_in_a) or '-')}; "
+            f"only in {escape(cmp.sweep_b)}: {escape(', '.join(cmp.only_in_b) or '-')}"
+        )
     nt = Table(title=f"Nodes whose status changed PASSED <-> not PASSED ({len(cmp.node_changes)})")
     for col in ["Agent / model", "Task", "Node", "Category", escape(cmp.sweep_a), escape(cmp.sweep_b), "Change"]:
         nt.add_column(col)
     for ch in cmp.node_changes[:max_nodes]:
-        nt.add_row(escape(f"{ch.agent or '-'} / {ch.model or '-'}"), escape(ch.task_id), escape(ch.node_id),
-                   escape(ch.category or ""), escape(ch.status_a), escape(ch.status_b),
-                   "[green]gained[/]" if ch.change == "gained" else "[red]lost[/]")
+        nt.add_row(
+            escape(f"{ch.agent or '-'} / {ch.model or '-'}"),
+            escape(ch.task_id),
+            escape(ch.node_id),
+            escape(ch.category or ""),
+            escape(ch.status_a),
+            escape(ch.status_b),
+            "[green]gained[/]" if ch.change == "gained" else "[red]lost[/]",
+        )
     console.print(nt)
     if len(cmp.node_changes) > max_nodes:
         console.print(f"... {len(cmp.node_changes) - max_nodes} more (use --max-nodes)")
 
 
 def report_cmd(
-    sweep: Annotated[Optional[list[str]], typer.Option("--sweep", help="Sweep id to aggregate (repeatable); default: every sweep in the lake", show_default=False)] = None,
+    sweep: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--sweep", help="Sweep id to aggregate (repeatable); default: every sweep in the lake", show_default=False
+        ),
+    ] = None,
     lake: LakeOption = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Also write a self-contained HTML report here")] = None,
-    pass_threshold: Annotated[float, typer.Option("--pass-threshold", min=0, max=100,
-                                                  help="Task score a trial needs to count as a pass for pass@k")] = 100.0,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the full aggregation as JSON here")] = None,
+    pass_threshold: Annotated[
+        float,
+        typer.Option("--pass-threshold", min=0, max=100, help="Task score a trial needs to count as a pass for pass@k"),
+    ] = 100.0,
+    json_out: Annotated[
+        Optional[Path], typer.Option("--json", help="Also write the full aggregation as JSON here")
+    ] = None,
 ) -> None:
     """Print the paper's Table 2 (Pass@1, node coverage, six domains) and Table 3 (six backbones) for a sweep.
 
@@ -203,8 +254,12 @@ lake_app = typer.Typer(help="Maintain the results lake: compact small files, vac
 @lake_app.command("compact")
 def compact_cmd(
     lake: LakeOption = None,
-    sweep: Annotated[Optional[str], typer.Option("--sweep", help="Compact only this sweep (default: the whole lake)")] = None,
-    max_file_rows: Annotated[int, typer.Option("--max-file-rows", min=1, help="Rows per Parquet file at most")] = 2_000_000,
+    sweep: Annotated[
+        Optional[str], typer.Option("--sweep", help="Compact only this sweep (default: the whole lake)")
+    ] = None,
+    max_file_rows: Annotated[
+        int, typer.Option("--max-file-rows", min=1, help="Rows per Parquet file at most")
+    ] = 2_000_000,
 ) -> None:
     """Rewrite the committed rows (of the lake or one sweep) as a few large files, then delete the
     small per-trial files they replace. Safe to interrupt; readers always see every row once.
@@ -224,8 +279,10 @@ def compact_cmd(
         return
     if res.batch is not None:
         rows = sum(f["rows"] for f in res.batch.files)
-        console.print(f"compacted {res.units} unit(s), {rows:,} row(s) into {len(res.batch.files)} file(s): "
-                      f"{escape(res.batch.marker)}")
+        console.print(
+            f"compacted {res.units} unit(s), {rows:,} row(s) into {len(res.batch.files)} file(s): "
+            f"{escape(res.batch.marker)}"
+        )
     console.print(f"deleted {len(res.markers_deleted)} marker(s) and {res.files_deleted} file(s) they listed")
 
 
@@ -233,7 +290,9 @@ def compact_cmd(
 def merge_cmd(
     lake: LakeOption = None,
     max_batches: Annotated[int, typer.Option("--max-batches", min=2, help="Batches to keep at most")] = 8,
-    max_file_rows: Annotated[int, typer.Option("--max-file-rows", min=1, help="Rows per Parquet file at most")] = 2_000_000,
+    max_file_rows: Annotated[
+        int, typer.Option("--max-file-rows", min=1, help="Rows per Parquet file at most")
+    ] = 2_000_000,
 ) -> None:
     """Merge batches (one per finished sweep) into one when there are more than --max-batches,
     leaving the largest as it is. Finished sweeps run this by themselves; safe to interrupt.
@@ -259,7 +318,9 @@ def merge_cmd(
 @lake_app.command("vacuum")
 def vacuum_cmd(
     lake: LakeOption = None,
-    older_than_s: Annotated[float, typer.Option("--older-than", min=0, help="Only files at least this old (seconds)")] = 3600.0,
+    older_than_s: Annotated[
+        float, typer.Option("--older-than", min=0, help="Only files at least this old (seconds)")
+    ] = 3600.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List, do not delete")] = False,
 ) -> None:
     """Delete Parquet files no commit lists (left by writes that crashed before committing)."""

@@ -46,18 +46,31 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-dag_app = typer.Typer(help="Check and plan validation DAGs.\n\nExample: saasbench dag check path/to/dag.json",
-                      no_args_is_help=True)
-primitives_app = typer.Typer(help="The validation primitives of this build.\n\nExample: saasbench primitives list",
-                             no_args_is_help=True)
+dag_app = typer.Typer(
+    help="Check and plan validation DAGs.\n\nExample: saasbench dag check path/to/dag.json", no_args_is_help=True
+)
+primitives_app = typer.Typer(
+    help="The validation primitives of this build.\n\nExample: saasbench primitives list", no_args_is_help=True
+)
 app.add_typer(dag_app, name="dag")
 app.add_typer(primitives_app, name="primitives")
 
 
 @app.command()
 def query(
-    sql: Annotated[str, typer.Argument(help="SQL over the lake's views: sweeps, trials, node_results, step_results, judge_calls, env_builds, trajectory_events, reference_validations")],
-    lake: Annotated[Optional[str], typer.Option("--lake", help="Lake URI: a folder, file:///..., or s3://bucket/prefix (default $SAASBENCH_LAKE or runs/lake)")] = None,
+    sql: Annotated[
+        str,
+        typer.Argument(
+            help="SQL over the lake's views: sweeps, trials, node_results, step_results, judge_calls, env_builds, trajectory_events, reference_validations"
+        ),
+    ],
+    lake: Annotated[
+        Optional[str],
+        typer.Option(
+            "--lake",
+            help="Lake URI: a folder, file:///..., or s3://bucket/prefix (default $SAASBENCH_LAKE or runs/lake)",
+        ),
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json")] = "table",
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Read only this sweep's files")] = None,
 ) -> None:
@@ -203,20 +216,26 @@ def _load_dag_or_exit(path: Path, code: int):
         raise _fail(f"cannot load DAG {path}: {_issue_line(first) if first else 'unknown error'}{more}", code) from None
 
 
-def render_summary(console: Console, report: "RunReport", report_path: Path | None = None, *, max_failures: int = 10) -> None:
+def render_summary(
+    console: Console, report: "RunReport", report_path: Path | None = None, *, max_failures: int = 10
+) -> None:
     """Print the score lines, status counts, per-category table and report path of one run."""
     s = report.summary
     counts = {k: v for k, v in s.counts.model_dump().items() if v}
     console.print()
     title = report.task_id or Path(report.dag).stem
     console.print(f"[bold]{escape(title)}[/]  [dim]{escape(report.base_url or '')} compat={report.compat}[/]")
-    console.print(f"  Task score          [bold]{_fmt_num(s.task_score)}[/] / 100   ({_fmt_num(s.score)} of {_fmt_num(s.max_score)} points)")
+    console.print(
+        f"  Task score          [bold]{_fmt_num(s.task_score)}[/] / 100   ({_fmt_num(s.score)} of {_fmt_num(s.max_score)} points)"
+    )
     console.print(f"  Deterministic score {_fmt_num(s.deterministic_score)}")
     passed = s.counts.PASSED
     console.print(f"  Node coverage       {_fmt_num(s.node_coverage, '%')}   ({passed}/{s.total_nodes} nodes PASSED)")
     console.print("  Statuses            " + (", ".join(f"{k} {v}" for k, v in counts.items()) or "none"))
     if s.skipped_llm_max_score:
-        console.print(f"  [yellow]Judge skipped: {_fmt_num(s.skipped_llm_max_score)} points left out of the denominator[/]")
+        console.print(
+            f"  [yellow]Judge skipped: {_fmt_num(s.skipped_llm_max_score)} points left out of the denominator[/]"
+        )
     if report.quarantined:
         console.print(f"  Quarantined         {escape(', '.join(report.quarantined))}")
     console.print(f"  Elapsed             {s.elapsed_s:.1f}s")
@@ -230,8 +249,14 @@ def render_summary(console: Console, report: "RunReport", report_path: Path | No
         table.add_column("%", justify="right")
         table.add_column("passed", justify="right")
         for name, agg in sorted(report.categories.items()):
-            table.add_row(escape(name), str(agg.nodes), _fmt_num(agg.score), _fmt_num(agg.max_score),
-                          _fmt_num(agg.percent), str(agg.counts.PASSED))
+            table.add_row(
+                escape(name),
+                str(agg.nodes),
+                _fmt_num(agg.score),
+                _fmt_num(agg.max_score),
+                _fmt_num(agg.percent),
+                str(agg.counts.PASSED),
+            )
         console.print()
         console.print(table)
 
@@ -260,7 +285,9 @@ def render_summary(console: Console, report: "RunReport", report_path: Path | No
 # --- dag check / plan ------------------------------------------------------------------------------
 @dag_app.command("check")
 def dag_check(
-    paths: Annotated[list[Path], typer.Argument(help="DAG files (dag.json) to check", metavar="PATH...", show_default=False)],
+    paths: Annotated[
+        list[Path], typer.Argument(help="DAG files (dag.json) to check", metavar="PATH...", show_default=False)
+    ],
     as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary instead")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every normalisation applied")] = False,
 ) -> None:
@@ -296,7 +323,9 @@ def dag_check(
         state = f"[yellow]{len(warnings)} warning(s)[/]" if warnings else "[green]ok[/]"
         console.print(f"[bold green]OK[/] {escape(s['file'])}: {state}")
         task = f"   task {escape(str(s['task_id']))}" if s.get("task_id") else ""
-        console.print(f"  nodes {s['nodes']}   maxScore {_fmt_num(s['max_score'])}   categories {s['categories']}{task}")
+        console.print(
+            f"  nodes {s['nodes']}   maxScore {_fmt_num(s['max_score'])}   categories {s['categories']}{task}"
+        )
         console.print("  methods     " + ", ".join(f"{k} {v}" for k, v in s["methods"].items()))
         console.print("  primitives  " + ", ".join(f"{k} {v}" for k, v in s["primitives"].items()))
         if s["run_last"]:
@@ -322,10 +351,19 @@ def dag_check(
 @dag_app.command("plan")
 def dag_plan(
     path: Annotated[Path, typer.Argument(help="DAG file", metavar="PATH", show_default=False)],
-    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="NODE", help="Plan only these node ids (and their prerequisites)")] = None,
-    category: Annotated[Optional[list[str]], typer.Option("--category", metavar="CAT", help="Plan only nodes of these categories (and their prerequisites)")] = None,
+    only: Annotated[
+        Optional[list[str]],
+        typer.Option("--only", metavar="NODE", help="Plan only these node ids (and their prerequisites)"),
+    ] = None,
+    category: Annotated[
+        Optional[list[str]],
+        typer.Option("--category", metavar="CAT", help="Plan only nodes of these categories (and their prerequisites)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the order as JSON")] = False,
-    compat: Annotated[Compat, typer.Option("--compat", help="strict (ties in file order), or reference (the reference harness's FIFO Kahn)")] = Compat.strict,
+    compat: Annotated[
+        Compat,
+        typer.Option("--compat", help="strict (ties in file order), or reference (the reference harness's FIFO Kahn)"),
+    ] = Compat.strict,
 ) -> None:
     """Print the execution order: index, id, category, method, maxScore, prerequisites.
 
@@ -343,12 +381,24 @@ def dag_plan(
         nodes = execution_order(select_nodes(result.dag, only or [], category or []), ties=tie_order(compat.value))
     except KeyError as exc:
         raise _fail(str(exc.args[0]) if exc.args else str(exc)) from None
-    rows = [{"index": i, "id": n.id, "category": n.scoring.category, "method": n.method, "maxScore": n.max_score,
-             "prereqs": n.prereqs, "run_last": n.run_last} for i, n in enumerate(nodes, 1)]
+    rows = [
+        {
+            "index": i,
+            "id": n.id,
+            "category": n.scoring.category,
+            "method": n.method,
+            "maxScore": n.max_score,
+            "prereqs": n.prereqs,
+            "run_last": n.run_last,
+        }
+        for i, n in enumerate(nodes, 1)
+    ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"Execution order of {escape(str(path))}", title_justify="left", show_edge=False, pad_edge=False)
+    table = Table(
+        title=f"Execution order of {escape(str(path))}", title_justify="left", show_edge=False, pad_edge=False
+    )
     table.add_column("#", justify="right")
     table.add_column("id", no_wrap=True)
     table.add_column("category")
@@ -357,8 +407,15 @@ def dag_plan(
     table.add_column("prereqs", overflow="fold")
     table.add_column("last", no_wrap=True)
     for r in rows:
-        table.add_row(str(r["index"]), escape(r["id"]), escape(r["category"]), r["method"], _fmt_num(r["maxScore"]),
-                      escape(", ".join(r["prereqs"])), "run_last" if r["run_last"] else "")
+        table.add_row(
+            str(r["index"]),
+            escape(r["id"]),
+            escape(r["category"]),
+            r["method"],
+            _fmt_num(r["maxScore"]),
+            escape(", ".join(r["prereqs"])),
+            "run_last" if r["run_last"] else "",
+        )
     console = _console()
     console.print(table)
     console.print(f"{len(rows)} node(s), maxScore {_fmt_num(sum(r['maxScore'] for r in rows))}")
@@ -493,8 +550,10 @@ def run_evaluation(
         if down is not None:
             if require_up:
                 raise _fail(f"the app at {base_url} does not answer ({down})", EXIT_APP_DOWN)
-            _err_console().print(f"[yellow]warning:[/] the app at {escape(base_url)} does not answer ({escape(down)}); "
-                                 "running anyway, nodes that need it will fail")
+            _err_console().print(
+                f"[yellow]warning:[/] the app at {escape(base_url)} does not answer ({escape(down)}); "
+                "running anyway, nodes that need it will fail"
+            )
 
     label = _slug(str(dag.meta.get("task_id") or dag_path.stem))
     if out_dir is None:
@@ -511,27 +570,57 @@ def run_evaluation(
         from saasbench.services.judge import Judge, JudgeConfig
 
         try:
-            judge = Judge(JudgeConfig(model=judge_model, api_base=judge_api_base, api_key_env=judge_api_key_env,
-                                      cache_dir=judge_cache_dir, votes=judge_votes))
+            judge = Judge(
+                JudgeConfig(
+                    model=judge_model,
+                    api_base=judge_api_base,
+                    api_key_env=judge_api_key_env,
+                    cache_dir=judge_cache_dir,
+                    votes=judge_votes,
+                )
+            )
         except ValidationError as exc:
             raise _fail("invalid judge settings: " + "; ".join(e["msg"] for e in exc.errors())) from None
     exec_target, exec_vars = _exec_target_or_exit(exec_spec, exec_env or {}, exec_env_file)  # before the run: exit 2
-    target = Target(base_url=base_url, workspace=workspace.resolve() if workspace else None, db_dsn=db_dsn,
-                    task_id=dag.meta.get("task_id"), exec_target=exec_target, exec_env=exec_vars)
-    options = RunOptions(compat=compat, node_timeout_s=node_timeout, http_timeout_s=http_timeout,
-                         max_response_bytes=max_response_bytes)
-    engine_options = EngineOptions(only=list(only or []), categories=list(categories or []), dry_run=dry_run,
-                                   quarantine=quarantine)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
+    target = Target(
+        base_url=base_url,
+        workspace=workspace.resolve() if workspace else None,
+        db_dsn=db_dsn,
+        task_id=dag.meta.get("task_id"),
+        exec_target=exec_target,
+        exec_env=exec_vars,
+    )
+    options = RunOptions(
+        compat=compat, node_timeout_s=node_timeout, http_timeout_s=http_timeout, max_response_bytes=max_response_bytes
+    )
+    engine_options = EngineOptions(
+        only=list(only or []), categories=list(categories or []), dry_run=dry_run, quarantine=quarantine
+    )
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         task = progress.add_task("evaluating", total=len(selected))
 
         def tick(node_result) -> None:
             progress.update(task, advance=1, description=f"{node_result.id} {node_result.status.value}")
 
         try:
-            report = evaluate(dag, target, options=options, auth_profile=profile, variables=variables, judge=judge,
-                              engine_options=engine_options, on_node=tick)
+            report = evaluate(
+                dag,
+                target,
+                options=options,
+                auth_profile=profile,
+                variables=variables,
+                judge=judge,
+                engine_options=engine_options,
+                on_node=tick,
+            )
         finally:
             if exec_target is not None:
                 exec_target.close()
@@ -544,29 +633,95 @@ def run_evaluation(
 @app.command()
 def evaluate(
     dag: Annotated[Path, typer.Option("--dag", help="Validation DAG (dag.json)", show_default=False)],
-    base_url: Annotated[str, typer.Option("--base-url", help="Base URL of the running app, e.g. http://127.0.0.1:8000", show_default=False)],
-    workspace: Annotated[Optional[Path], typer.Option("--workspace", help="The app's source folder, for file primitives P01-P03")] = None,
-    auth: Annotated[Optional[Path], typer.Option("--auth", help="Auth profile (auth.yaml or a task.yaml with an auth block)")] = None,
-    only: Annotated[Optional[list[str]], typer.Option("--only", metavar="NODE", help="Run only this node id and its prerequisites (repeatable)")] = None,
-    category: Annotated[Optional[list[str]], typer.Option("--category", metavar="CAT", help="Run only this category and prerequisites (repeatable)")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/<timestamp>-<task or DAG name>")] = None,
-    compat: Annotated[Compat, typer.Option("--compat", help="strict, or reference: the reference harness's inclusive rules")] = Compat.strict,
+    base_url: Annotated[
+        str,
+        typer.Option("--base-url", help="Base URL of the running app, e.g. http://127.0.0.1:8000", show_default=False),
+    ],
+    workspace: Annotated[
+        Optional[Path], typer.Option("--workspace", help="The app's source folder, for file primitives P01-P03")
+    ] = None,
+    auth: Annotated[
+        Optional[Path], typer.Option("--auth", help="Auth profile (auth.yaml or a task.yaml with an auth block)")
+    ] = None,
+    only: Annotated[
+        Optional[list[str]],
+        typer.Option("--only", metavar="NODE", help="Run only this node id and its prerequisites (repeatable)"),
+    ] = None,
+    category: Annotated[
+        Optional[list[str]],
+        typer.Option("--category", metavar="CAT", help="Run only this category and prerequisites (repeatable)"),
+    ] = None,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="Output folder; default runs/<timestamp>-<task or DAG name>")
+    ] = None,
+    compat: Annotated[
+        Compat, typer.Option("--compat", help="strict, or reference: the reference harness's inclusive rules")
+    ] = Compat.strict,
     node_timeout: Annotated[float, typer.Option("--node-timeout", help="Seconds per node")] = 120.0,
     http_timeout: Annotated[float, typer.Option("--http-timeout", help="Seconds per HTTP request")] = 30.0,
-    max_response_bytes: Annotated[int, typer.Option("--max-response-bytes", help="Cap on one response body")] = 5 * 1024 * 1024,
-    var: Annotated[Optional[list[str]], typer.Option("--var", metavar="NAME=VALUE", help="NAME=VALUE placeholder value (repeatable)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan only: every node is DRY_RUN, nothing is sent")] = False,
-    quarantine: Annotated[Optional[Path], typer.Option("--quarantine", help="File of node ids (one per line) run but left out of the score")] = None,
-    require_up: Annotated[bool, typer.Option("--require-up", help="Exit 3 if the base URL does not answer, instead of running anyway")] = False,
-    db_dsn: Annotated[Optional[str], typer.Option("--db-dsn", help="App database for P08-P11: postgresql://, sqlite:////abs/path, mysql://, mongodb://")] = None,
-    judge_model: Annotated[Optional[str], typer.Option("--judge-model", help="litellm model string for P17; without it judge nodes are SKIPPED_LLM")] = None,
-    judge_api_base: Annotated[Optional[str], typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge (a gateway or local server)")] = None,
-    judge_api_key_env: Annotated[Optional[str], typer.Option("--judge-api-key-env", help="NAME of the environment variable holding the judge's API key")] = None,
-    judge_cache_dir: Annotated[Optional[Path], typer.Option("--judge-cache-dir", help="Cache judge replies here (keyed by model, prompt and evidence)")] = None,
-    judge_votes: Annotated[int, typer.Option("--judge-votes", min=1, help="k independent judge calls; median score, spread recorded")] = 1,
-    exec_spec: Annotated[Optional[str], typer.Option("--exec", metavar="local:DIR|docker:CONTAINER", help="Where P12/P21 run commands: bash -c in DIR on this host, or docker exec in a running container ($DOCKER_HOST)")] = None,
-    exec_env: Annotated[Optional[list[str]], typer.Option("--exec-env", metavar="NAME=VALUE", help="A variable for every P12/P21 command (repeatable; literal value)")] = None,
-    exec_env_file: Annotated[Optional[Path], typer.Option("--exec-env-file", help="File of K=V / export K=V lines for P12/P21 commands ($VAR expanded; parsed, not run)")] = None,
+    max_response_bytes: Annotated[int, typer.Option("--max-response-bytes", help="Cap on one response body")] = 5
+    * 1024
+    * 1024,
+    var: Annotated[
+        Optional[list[str]],
+        typer.Option("--var", metavar="NAME=VALUE", help="NAME=VALUE placeholder value (repeatable)"),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Plan only: every node is DRY_RUN, nothing is sent")
+    ] = False,
+    quarantine: Annotated[
+        Optional[Path],
+        typer.Option("--quarantine", help="File of node ids (one per line) run but left out of the score"),
+    ] = None,
+    require_up: Annotated[
+        bool, typer.Option("--require-up", help="Exit 3 if the base URL does not answer, instead of running anyway")
+    ] = False,
+    db_dsn: Annotated[
+        Optional[str],
+        typer.Option(
+            "--db-dsn", help="App database for P08-P11: postgresql://, sqlite:////abs/path, mysql://, mongodb://"
+        ),
+    ] = None,
+    judge_model: Annotated[
+        Optional[str],
+        typer.Option("--judge-model", help="litellm model string for P17; without it judge nodes are SKIPPED_LLM"),
+    ] = None,
+    judge_api_base: Annotated[
+        Optional[str],
+        typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge (a gateway or local server)"),
+    ] = None,
+    judge_api_key_env: Annotated[
+        Optional[str],
+        typer.Option("--judge-api-key-env", help="NAME of the environment variable holding the judge's API key"),
+    ] = None,
+    judge_cache_dir: Annotated[
+        Optional[Path],
+        typer.Option("--judge-cache-dir", help="Cache judge replies here (keyed by model, prompt and evidence)"),
+    ] = None,
+    judge_votes: Annotated[
+        int, typer.Option("--judge-votes", min=1, help="k independent judge calls; median score, spread recorded")
+    ] = 1,
+    exec_spec: Annotated[
+        Optional[str],
+        typer.Option(
+            "--exec",
+            metavar="local:DIR|docker:CONTAINER",
+            help="Where P12/P21 run commands: bash -c in DIR on this host, or docker exec in a running container ($DOCKER_HOST)",
+        ),
+    ] = None,
+    exec_env: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--exec-env", metavar="NAME=VALUE", help="A variable for every P12/P21 command (repeatable; literal value)"
+        ),
+    ] = None,
+    exec_env_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--exec-env-file",
+            help="File of K=V / export K=V lines for P12/P21 commands ($VAR expanded; parsed, not run)",
+        ),
+    ] = None,
 ) -> None:
     """Score a running app with a validation DAG and write report.json.
 
@@ -584,12 +739,31 @@ def evaluate(
     q = _read_quarantine(quarantine) if quarantine is not None else set()
     console = _console()
     report, report_path = run_evaluation(
-        dag_path=dag, base_url=base_url, workspace=workspace, auth=auth, only=only, categories=category, out_dir=out,
-        compat=compat.value, node_timeout=node_timeout, http_timeout=http_timeout, max_response_bytes=max_response_bytes,
-        variables=variables, dry_run=dry_run, quarantine=q, require_up=require_up, db_dsn=db_dsn,
-        judge_model=judge_model, judge_api_base=judge_api_base, judge_api_key_env=judge_api_key_env,
-        judge_cache_dir=judge_cache_dir, judge_votes=judge_votes, exec_spec=exec_spec, exec_env=exec_vars,
-        exec_env_file=exec_env_file, console=console,
+        dag_path=dag,
+        base_url=base_url,
+        workspace=workspace,
+        auth=auth,
+        only=only,
+        categories=category,
+        out_dir=out,
+        compat=compat.value,
+        node_timeout=node_timeout,
+        http_timeout=http_timeout,
+        max_response_bytes=max_response_bytes,
+        variables=variables,
+        dry_run=dry_run,
+        quarantine=q,
+        require_up=require_up,
+        db_dsn=db_dsn,
+        judge_model=judge_model,
+        judge_api_base=judge_api_base,
+        judge_api_key_env=judge_api_key_env,
+        judge_cache_dir=judge_cache_dir,
+        judge_votes=judge_votes,
+        exec_spec=exec_spec,
+        exec_env=exec_vars,
+        exec_env_file=exec_env_file,
+        console=console,
     )
     render_summary(console, report, report_path)
 
@@ -601,9 +775,15 @@ def _input_fields(spec) -> list[dict[str, Any]]:
     out = []
     for name, f in spec.inputs.model_fields.items():
         annotation = getattr(f.annotation, "__name__", None) or str(f.annotation).replace("typing.", "")
-        out.append({"name": name, "type": annotation, "required": f.is_required(),
-                    "default": None if f.is_required() else repr(f.get_default(call_default_factory=True)),
-                    "description": f.description or ""})
+        out.append(
+            {
+                "name": name,
+                "type": annotation,
+                "required": f.is_required(),
+                "default": None if f.is_required() else repr(f.get_default(call_default_factory=True)),
+                "description": f.description or "",
+            }
+        )
     return out
 
 
@@ -620,8 +800,22 @@ def primitives_list(
 
     specs = REGISTRY.all()
     if as_json:
-        typer.echo(json.dumps([{"code": s.code, "name": s.name, "group": s.group, "status": s.status,
-                                "description": s.description, "inputs": _input_fields(s)} for s in specs], indent=2))
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "code": s.code,
+                        "name": s.name,
+                        "group": s.group,
+                        "status": s.status,
+                        "description": s.description,
+                        "inputs": _input_fields(s),
+                    }
+                    for s in specs
+                ],
+                indent=2,
+            )
+        )
         return
     colour = {"available": "green", "pending": "yellow", "reserved": "dim"}
     table = Table(show_edge=False, pad_edge=False)
@@ -654,7 +848,9 @@ DEMO_AGENTS = ("oracle", "nop")
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/demo-<timestamp>")] = None,
     task: Annotated[str, typer.Option("--task", help="Task id or folder")] = DEMO_TASK,
-    lake: Annotated[Optional[str], typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")] = None,
+    lake: Annotated[
+        Optional[str], typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")
+    ] = None,
     backend: Annotated[str, typer.Option("--backend", help="local (default, no engine needed) or docker")] = "local",
 ) -> None:
     """Run the oracle and nop agents on the bundled demo task end to end and print a leaderboard.
@@ -692,25 +888,55 @@ def demo(
     lake_uri = settings.lake_uri(lake)
     store = lakelib.lake_from_uri(lake_uri)
     sweep_id = f"demo-{_timestamp()}"
-    lakelib.write_sweep(store, lakelib.sweep_row(sweep_id, name="saasbench demo", tasks=[spec.id], agents=list(DEMO_AGENTS),
-                                                 config={"backend": backend, "task": spec.id}, attempts=1))
+    lakelib.write_sweep(
+        store,
+        lakelib.sweep_row(
+            sweep_id,
+            name="saasbench demo",
+            tasks=[spec.id],
+            agents=list(DEMO_AGENTS),
+            config={"backend": backend, "task": spec.id},
+            attempts=1,
+        ),
+    )
     rows = []
     for agent in DEMO_AGENTS:
         started = dt.datetime.now(dt.timezone.utc)
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      console=console, transient=True) as progress:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             bar = progress.add_task(f"{agent}: preparing", total=None)
             result = run_local_trial(
-                spec, agent, backend=backend,
-                on_node=lambda r, bar=bar, agent=agent: progress.update(bar, advance=1, description=f"{agent}: {r.id} {r.status.value}"),
-                say=lambda m, bar=bar: progress.update(bar, description=m, total=len(spec_nodes(spec))))
+                spec,
+                agent,
+                backend=backend,
+                on_node=lambda r, bar=bar, agent=agent: progress.update(
+                    bar, advance=1, description=f"{agent}: {r.id} {r.status.value}"
+                ),
+                say=lambda m, bar=bar: progress.update(bar, description=m, total=len(spec_nodes(spec))),
+            )
         report_path = out_dir / agent / "report.json"
         report_path.parent.mkdir(parents=True, exist_ok=True)
         report_path.write_text(result.report.model_dump_json(indent=2), encoding="utf-8")
         (out_dir / agent / "trajectory.json").write_text(result.trajectory.model_dump_json(indent=2), encoding="utf-8")
-        lakelib.write_trial(store, lakelib.from_trial_result(
-            result, sweep_id=sweep_id, trial_id=f"{spec.id}.{agent}.0", task=spec, started_at=started, outcome=result.outcome,
-            ended_at=dt.datetime.now(dt.timezone.utc), report_uri=str(report_path)))
+        lakelib.write_trial(
+            store,
+            lakelib.from_trial_result(
+                result,
+                sweep_id=sweep_id,
+                trial_id=f"{spec.id}.{agent}.0",
+                task=spec,
+                started_at=started,
+                outcome=result.outcome,
+                ended_at=dt.datetime.now(dt.timezone.utc),
+                report_uri=str(report_path),
+            ),
+        )
         rows.append((agent, result, report_path))
         note = "app up" if result.app_ok else f"app down: {(result.app_error or '')[:60]}"
         console.print(f"{agent}: deterministic score {result.report.summary.deterministic_score} ({note})")
@@ -720,13 +946,17 @@ def demo(
     for agent, result, _report in sorted(rows, key=lambda r: -(r[1].report.summary.deterministic_score or 0)):
         s = result.report.summary
         statuses = ", ".join(f"{k} {v}" for k, v in s.counts.model_dump().items() if v)
-        table.add_row(agent, _fmt_num(s.deterministic_score), _fmt_num(s.task_score), _fmt_num(s.node_coverage, "%"), statuses)
+        table.add_row(
+            agent, _fmt_num(s.deterministic_score), _fmt_num(s.task_score), _fmt_num(s.node_coverage, "%"), statuses
+        )
     console.print()
     console.print(table)
     for agent, _, report_path in rows:
         console.print(f"{agent} report: {escape(str(report_path))}")
-    console.print(f"Lake: {escape(lake_uri)} (sweep {sweep_id}); try: saasbench query "
-                  f"\"SELECT agent, deterministic_score FROM trials WHERE sweep_id = '{sweep_id}'\" --lake {escape(lake_uri)}")
+    console.print(
+        f"Lake: {escape(lake_uri)} (sweep {sweep_id}); try: saasbench query "
+        f"\"SELECT agent, deterministic_score FROM trials WHERE sweep_id = '{sweep_id}'\" --lake {escape(lake_uri)}"
+    )
 
 
 def spec_nodes(task) -> list:

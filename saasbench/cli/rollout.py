@@ -58,18 +58,28 @@ class ProgressPrinter:
             tool = data.get("tool") or "tool"
             args = data.get("args") if isinstance(data.get("args"), dict) else {}
             what = ev.message or args.get("command") or args.get("path") or args.get("file_path") or ""
-            self.console.print(f"{stamp} step {self.tool_calls:>3} [bold]{escape(str(tool))}[/bold] {escape(_short(what))}",
-                               highlight=False)
+            self.console.print(
+                f"{stamp} step {self.tool_calls:>3} [bold]{escape(str(tool))}[/bold] {escape(_short(what))}",
+                highlight=False,
+            )
         elif kind == "model_call":
-            self.console.print(f"{stamp} [dim]model turn {data.get('step', '?')}: {data.get('tokens_in', 0)} in / "
-                               f"{data.get('tokens_out', 0)} out, {data.get('latency_ms', 0):.0f} ms[/dim]", highlight=False)
+            self.console.print(
+                f"{stamp} [dim]model turn {data.get('step', '?')}: {data.get('tokens_in', 0)} in / "
+                f"{data.get('tokens_out', 0)} out, {data.get('latency_ms', 0):.0f} ms[/dim]",
+                highlight=False,
+            )
         elif kind == "anticheat":
             colour = "red" if data.get("severity") == "void" else "yellow"
-            self.console.print(f"{stamp} [{colour}]anti-cheat {escape(str(data.get('rule')))} ({data.get('severity')})"
-                               f"[/{colour}]: {escape(_short(ev.message, 200))}", highlight=False)
+            self.console.print(
+                f"{stamp} [{colour}]anti-cheat {escape(str(data.get('rule')))} ({data.get('severity')})"
+                f"[/{colour}]: {escape(_short(ev.message, 200))}",
+                highlight=False,
+            )
         elif kind in ("error", "retry"):
             colour = "red" if kind == "error" else "yellow"
-            self.console.print(f"{stamp} [{colour}]{kind}[/{colour}] {escape(_short(ev.message, 200))}", highlight=False)
+            self.console.print(
+                f"{stamp} [{colour}]{kind}[/{colour}] {escape(_short(ev.message, 200))}", highlight=False
+            )
         else:  # note, file_write, ...
             self.console.print(f"{stamp} [dim]{escape(kind)}: {escape(_short(ev.message))}[/dim]", highlight=False)
 
@@ -93,13 +103,20 @@ def _summary(console: Console, ro: Any) -> None:
         rows.append(("error", escape(_short(traj.error, 500))))
     findings = ro.findings
     if findings:
-        rows.append(("anti-cheat", escape("; ".join(f"{f['rule']} ({f['severity']}): {_short(f['evidence'], 120)}"
-                                                     for f in findings))))
+        rows.append(
+            (
+                "anti-cheat",
+                escape("; ".join(f"{f['rule']} ({f['severity']}): {_short(f['evidence'], 120)}" for f in findings)),
+            )
+        )
     else:
         rows.append(("anti-cheat", "no findings"))
     out = Path(ro.out_dir)
-    rows += [("workspace", escape(ro.workspace)), ("trajectory", escape(str(out / "events.jsonl"))),
-             ("rollout record", escape(str(out / "rollout.json")))]
+    rows += [
+        ("workspace", escape(ro.workspace)),
+        ("trajectory", escape(str(out / "events.jsonl"))),
+        ("rollout record", escape(str(out / "rollout.json"))),
+    ]
     if ro.artefacts.get("events"):
         rows.append(("raw stream", escape(ro.artefacts["events"])))
     for k, v in rows:
@@ -116,8 +133,10 @@ def _follow_up(console: Console, ro: Any) -> None:
     else:
         console.print("  # the task has no start command: start the app as the agent left it", markup=False)
     console.print("  " + f["evaluate_shell"], markup=False, highlight=False, soft_wrap=True)
-    console.print("  # --exec local:<workspace> runs the DAG's P12/P21 commands in the workspace with the app's variables",
-                  markup=False)
+    console.print(
+        "  # --exec local:<workspace> runs the DAG's P12/P21 commands in the workspace with the app's variables",
+        markup=False,
+    )
     if "--db-dsn" not in f.get("evaluate_argv", []):
         console.print("  # add --db-dsn for the task's database if its DAG reads it", markup=False)
     if ro.backend == "docker":
@@ -133,29 +152,69 @@ def _record(lake: str, sweep_id: str | None, task: Any, ro: Any, model: str | No
     trial_id = f"{id_part(task.id)}.{id_part(ro.agent)}.{id_part(model or ro.trajectory.model)}.{stamp}"
     lakelib.check_id(sweep, "sweep_id")
     store = lakelib.lake_from_uri(lake)
-    lakelib.write_sweep(store, lakelib.sweep_row(
-        sweep, name="saasbench rollout", tasks=[task.id], agents=[ro.agent], models=[m for m in [model] if m],
-        attempts=1, config={"kind": "rollout", "evaluated": False, "backend": ro.backend,
-                            "budget": ro.budget.model_dump()}))
+    lakelib.write_sweep(
+        store,
+        lakelib.sweep_row(
+            sweep,
+            name="saasbench rollout",
+            tasks=[task.id],
+            agents=[ro.agent],
+            models=[m for m in [model] if m],
+            attempts=1,
+            config={"kind": "rollout", "evaluated": False, "backend": ro.backend, "budget": ro.budget.model_dump()},
+        ),
+    )
     detail = ro.outcome_detail or f"rollout only, not evaluated (workspace {ro.workspace})"
-    rows = lakelib.from_trial_result(ro, sweep_id=sweep, trial_id=trial_id, task=task, model=model,
-                                     outcome_detail=detail, started_at=ro.started_at, ended_at=ro.ended_at,
-                                     report_uri=str(Path(ro.out_dir) / "rollout.json"))
+    rows = lakelib.from_trial_result(
+        ro,
+        sweep_id=sweep,
+        trial_id=trial_id,
+        task=task,
+        model=model,
+        outcome_detail=detail,
+        started_at=ro.started_at,
+        ended_at=ro.ended_at,
+        report_uri=str(Path(ro.out_dir) / "rollout.json"),
+    )
     lakelib.write_trial(store, rows)
     return sweep, trial_id
 
 
 def rollout_cmd(
     task: Annotated[str, typer.Argument(help="Task id or folder")],
-    agent: Annotated[str, typer.Option("--agent", help="Agent name (builtin, claude-code, codex, openhands, oracle, nop) or module:Class")],
-    model: Annotated[str | None, typer.Option("--model", help="Model for LLM agents (a litellm model string for builtin)")] = None,
+    agent: Annotated[
+        str,
+        typer.Option(
+            "--agent", help="Agent name (builtin, claude-code, codex, openhands, oracle, nop) or module:Class"
+        ),
+    ],
+    model: Annotated[
+        str | None, typer.Option("--model", help="Model for LLM agents (a litellm model string for builtin)")
+    ] = None,
     backend: Annotated[str, typer.Option("--backend", help="local or docker")] = "local",
-    max_steps: Annotated[int | None, typer.Option("--max-steps", min=1, help="Step budget (default: the task's, 500)")] = None,
-    wall_s: Annotated[float | None, typer.Option("--wall-s", min=0.001, help="Wall-clock budget in seconds (default: the task's agent_s)")] = None,
-    tool_timeout_s: Annotated[float | None, typer.Option("--tool-timeout-s", min=0.001, help="Limit of one tool call in seconds (default: the task's, 900)")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Output folder; default runs/rollouts/<task>-<agent>-<timestamp>")] = None,
-    lake: Annotated[str | None, typer.Option("--lake", help="Also record the rollout (trial row + trajectory_events, no scores) in this lake")] = None,
-    sweep_id: Annotated[str | None, typer.Option("--sweep-id", help="Sweep id for --lake (default rollout-<task>-<agent>)")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="Step budget (default: the task's, 500)")
+    ] = None,
+    wall_s: Annotated[
+        float | None,
+        typer.Option("--wall-s", min=0.001, help="Wall-clock budget in seconds (default: the task's agent_s)"),
+    ] = None,
+    tool_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            "--tool-timeout-s", min=0.001, help="Limit of one tool call in seconds (default: the task's, 900)"
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output folder; default runs/rollouts/<task>-<agent>-<timestamp>")
+    ] = None,
+    lake: Annotated[
+        str | None,
+        typer.Option("--lake", help="Also record the rollout (trial row + trajectory_events, no scores) in this lake"),
+    ] = None,
+    sweep_id: Annotated[
+        str | None, typer.Option("--sweep-id", help="Sweep id for --lake (default rollout-<task>-<agent>)")
+    ] = None,
 ) -> None:
     """Run an agent on a task within its budget, without evaluating; keep the workspace and the trajectory.
 
@@ -197,12 +256,21 @@ def rollout_cmd(
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out if out is not None else Path("runs") / "rollouts" / f"{spec.id}-{the_agent.name}-{stamp}"
     console = Console()
-    console.print(f"rollout of [bold]{escape(the_agent.name)}[/bold] on task [bold]{escape(spec.id)}[/bold] "
-                  f"({backend} backend{', model ' + escape(model) if model else ''}) -> {escape(str(out_dir))}")
+    console.print(
+        f"rollout of [bold]{escape(the_agent.name)}[/bold] on task [bold]{escape(spec.id)}[/bold] "
+        f"({backend} backend{', model ' + escape(model) if model else ''}) -> {escape(str(out_dir))}"
+    )
     try:
-        ro = run_rollout(spec, the_agent, out_dir=out_dir, backend=backend, budget=budget, model=model,
-                         say=lambda m: console.print(f"[dim]{escape(m)}[/dim]", highlight=False),
-                         on_event=ProgressPrinter(console))
+        ro = run_rollout(
+            spec,
+            the_agent,
+            out_dir=out_dir,
+            backend=backend,
+            budget=budget,
+            model=model,
+            say=lambda m: console.print(f"[dim]{escape(m)}[/dim]", highlight=False),
+            on_event=ProgressPrinter(console),
+        )
     except FileExistsError as exc:
         raise _fail(str(exc)) from None
     except Exception as exc:  # environment or agent install failure: report, exit 2 (anything else is a bug: raise)
@@ -218,5 +286,7 @@ def rollout_cmd(
     if lake is not None:
         uri = settings.lake_uri(lake)
         sweep, trial_id = _record(uri, sweep_id, spec, ro, model)
-        console.print(f"\nLake: {escape(uri)}, sweep {escape(sweep)}, trial {escape(trial_id)} "
-                      f"(outcome {ro.outcome}, trajectory_events only; no node rows)")
+        console.print(
+            f"\nLake: {escape(uri)}, sweep {escape(sweep)}, trial {escape(trial_id)} "
+            f"(outcome {ro.outcome}, trajectory_events only; no node rows)"
+        )

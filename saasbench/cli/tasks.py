@@ -22,8 +22,9 @@ from saasbench.cli.common import EXIT_CANNOT_RUN, EXIT_NOT_VALID
 from saasbench.cli.common import console as _console
 from saasbench.cli.common import fail as _fail
 
-tasks_app = typer.Typer(help="The task catalogue: list, show and import tasks.\n\nExample: saasbench tasks list",
-                        no_args_is_help=True)
+tasks_app = typer.Typer(
+    help="The task catalogue: list, show and import tasks.\n\nExample: saasbench tasks list", no_args_is_help=True
+)
 
 
 def _load(task: str, root: Optional[Path]):
@@ -35,14 +36,19 @@ def _load(task: str, root: Optional[Path]):
         raise _fail(str(exc)) from None
 
 
-RootOption = Annotated[Optional[Path], typer.Option("--root", help="Task catalogue folder; default $SAASBENCH_TASKS_DIR or the repository's tasks/")]
+RootOption = Annotated[
+    Optional[Path],
+    typer.Option("--root", help="Task catalogue folder; default $SAASBENCH_TASKS_DIR or the repository's tasks/"),
+]
 
 
 @tasks_app.command("list")
 def tasks_list(
     root: RootOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the catalogue as JSON")] = False,
-    images: Annotated[bool, typer.Option("--images/--no-images", help="Ask the Docker engine which images are present")] = True,
+    images: Annotated[
+        bool, typer.Option("--images/--no-images", help="Ask the Docker engine which images are present")
+    ] = True,
 ) -> None:
     """List the tasks of the catalogue: id, title, domain, database, port, readiness (ready / needs DAG, PRD, images).
 
@@ -56,12 +62,26 @@ def tasks_list(
     rows = []
     for t in tasks:
         ready = readiness(t, docker_client=client)
-        rows.append({"id": t.id, "title": t.title, "domain": t.spec.domain, "category": t.spec.category,
-                     "stack": t.spec.stack if isinstance(t.spec.stack, str) else (json.dumps(t.spec.stack) if t.spec.stack else ""),
-                     "database": t.spec.database.engine if t.spec.database else None, "port": t.spec.app.port,
-                     "prd": t.prd_path.is_file(), "kb": t.kb_path.is_file(), "dag": t.dag_path.is_file(),
-                     "reference": t.reference_dir is not None, "path": str(t.root),
-                     "readiness": ready.status, "needs": ready.needs})
+        rows.append(
+            {
+                "id": t.id,
+                "title": t.title,
+                "domain": t.spec.domain,
+                "category": t.spec.category,
+                "stack": t.spec.stack
+                if isinstance(t.spec.stack, str)
+                else (json.dumps(t.spec.stack) if t.spec.stack else ""),
+                "database": t.spec.database.engine if t.spec.database else None,
+                "port": t.spec.app.port,
+                "prd": t.prd_path.is_file(),
+                "kb": t.kb_path.is_file(),
+                "dag": t.dag_path.is_file(),
+                "reference": t.reference_dir is not None,
+                "path": str(t.root),
+                "readiness": ready.status,
+                "needs": ready.needs,
+            }
+        )
     if as_json:
         typer.echo(json.dumps({"tasks": rows, "errors": errors}, indent=2))
         return
@@ -73,10 +93,13 @@ def tasks_list(
     for col in ("id", "title", "domain", "db", "port", "files", "readiness"):
         table.add_column(col, no_wrap=col in ("id", "port"), overflow="fold")
     for r in rows:
-        files = " ".join(name for name, ok in (("prd", r["prd"]), ("kb", r["kb"]), ("dag", r["dag"]), ("ref", r["reference"])) if ok)
+        files = " ".join(
+            name for name, ok in (("prd", r["prd"]), ("kb", r["kb"]), ("dag", r["dag"]), ("ref", r["reference"])) if ok
+        )
         state = "[green]ready[/]" if not r["needs"] else f"[yellow]{escape(r['readiness'])}[/]"
-        table.add_row(escape(r["id"]), escape(r["title"]), r["domain"] or "", r["database"] or "",
-                      str(r["port"]), files, state)
+        table.add_row(
+            escape(r["id"]), escape(r["title"]), r["domain"] or "", r["database"] or "", str(r["port"]), files, state
+        )
     console.print(table)
     console.print(f"{len(rows)} task(s)")
     for e in errors:
@@ -99,25 +122,47 @@ def tasks_show(
     spec = t.spec.model_dump(mode="json", exclude_none=True)
     ready = readiness(t, docker_client=docker_client_or_none())
     if as_json:
-        typer.echo(json.dumps({"path": str(t.root), "spec": spec, "readiness": {
-            "status": ready.status, "needs": ready.needs, "notes": ready.notes,
-            "images": [n.model_dump(mode="json") for n in ready.images]}}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "path": str(t.root),
+                    "spec": spec,
+                    "readiness": {
+                        "status": ready.status,
+                        "needs": ready.needs,
+                        "notes": ready.notes,
+                        "images": [n.model_dump(mode="json") for n in ready.images],
+                    },
+                },
+                indent=2,
+            )
+        )
         return
     console = _console()
     console.print(f"[bold]{escape(t.id)}[/]  {escape(t.title)}")
     console.print(f"  folder      {escape(str(t.root))}")
-    for label, value in (("category", t.spec.category), ("domain", t.spec.domain), ("tier", t.spec.complexity_tier),
-                         ("stack", t.spec.stack)):
+    for label, value in (
+        ("category", t.spec.category),
+        ("domain", t.spec.domain),
+        ("tier", t.spec.complexity_tier),
+        ("stack", t.spec.stack),
+    ):
         if value:
             console.print(f"  {label:<11} {escape(str(value))}")
     app = t.spec.app
-    console.print(f"  app         port {app.port}, health {escape(app.health_path)}, start {escape(str(app.start_command))}")
+    console.print(
+        f"  app         port {app.port}, health {escape(app.health_path)}, start {escape(str(app.start_command))}"
+    )
     if t.spec.database:
         db = t.spec.database
-        console.print(f"  database    {escape(db.engine)}{' ' + escape(db.version) if db.version else ''}"
-                      f"{' at ' + escape(db.path) if db.path else ''}")
+        console.print(
+            f"  database    {escape(db.engine)}{' ' + escape(db.version) if db.version else ''}"
+            f"{' at ' + escape(db.path) if db.path else ''}"
+        )
     if t.spec.auth:
-        console.print(f"  auth        schemes {', '.join(t.spec.auth.schemes) or 'none'}; users {', '.join(t.spec.auth.users) or 'none'}")
+        console.print(
+            f"  auth        schemes {', '.join(t.spec.auth.schemes) or 'none'}; users {', '.join(t.spec.auth.users) or 'none'}"
+        )
     to = t.spec.timeouts
     console.print(f"  timeouts    agent {to.agent_s:g}s, node {to.eval_node_s:g}s, health {to.health_s:g}s")
     ref = t.spec.reference
@@ -131,10 +176,14 @@ def tasks_show(
 
         try:
             result = load_dag(t.dag_path)
-            console.print(f"  DAG         {len(result.dag.nodes)} node(s), maxScore {result.dag.total_max_score:g}, "
-                          f"{len(result.warnings)} warning(s)")
+            console.print(
+                f"  DAG         {len(result.dag.nodes)} node(s), maxScore {result.dag.total_max_score:g}, "
+                f"{len(result.warnings)} warning(s)"
+            )
         except DagLoadError as exc:
-            console.print(f"  DAG         [red]{len(exc.issues)} error(s)[/] (saasbench dag check {escape(str(t.dag_path))})")
+            console.print(
+                f"  DAG         [red]{len(exc.issues)} error(s)[/] (saasbench dag check {escape(str(t.dag_path))})"
+            )
     try:
         kb = t.load_kb()
         if kb:
@@ -158,21 +207,31 @@ def _show_facts(console: Console, t) -> None:
     if facts is None:
         return
     console.print("  [bold]facts from prompt_for_model.md[/]")
-    for label, value in (("product", facts.product), ("container", facts.container), ("workdir", facts.workdir),
-                         ("base OS", facts.base_os), ("app port", facts.app_port), ("host port", facts.host_port)):
+    for label, value in (
+        ("product", facts.product),
+        ("container", facts.container),
+        ("workdir", facts.workdir),
+        ("base OS", facts.base_os),
+        ("app port", facts.app_port),
+        ("host port", facts.host_port),
+    ):
         if value:
             console.print(f"    {label:<10} {escape(str(value))}")
     if facts.tools:
         console.print(f"    {'tools':<10} {escape('; '.join(facts.tools))}")
     db = facts.database
     if db is not None:
-        console.print(f"    {'database':<10} {escape(' '.join(str(x) for x in (db.engine, db.version) if x))} at "
-                      f"{escape(str(db.host))}:{db.port}, db {escape(str(db.name))}, user {escape(str(db.user))}, "
-                      f"password {escape(str(db.password))}")
+        console.print(
+            f"    {'database':<10} {escape(' '.join(str(x) for x in (db.engine, db.version) if x))} at "
+            f"{escape(str(db.host))}:{db.port}, db {escape(str(db.name))}, user {escape(str(db.user))}, "
+            f"password {escape(str(db.password))}"
+        )
     for svc in facts.services:
         console.print(f"    {'service':<10} {escape(svc.name)} at {escape(str(svc.host))}:{svc.port}")
     for u in facts.users:
-        who = ", ".join(f"{k} {v}" for k, v in (("username", u.username), ("email", u.email), ("password", u.password)) if v)
+        who = ", ".join(
+            f"{k} {v}" for k, v in (("username", u.username), ("email", u.email), ("password", u.password)) if v
+        )
         console.print(f"    {'user':<10} {escape(u.role)}: {escape(who)}")
     if facts.env_vars:
         console.print(f"    {'env vars':<10} {escape(', '.join(facts.env_vars))}")
@@ -180,12 +239,25 @@ def _show_facts(console: Console, t) -> None:
 
 @tasks_app.command("import")
 def tasks_import(
-    path: Annotated[str, typer.Argument(help="A public SaaSBench task folder (task_<id>/ with tasks/ and check/), or with "
-                                        "--dag the id of a task already in the catalogue", show_default=False)],
-    dest: Annotated[Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")] = None,
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="A public SaaSBench task folder (task_<id>/ with tasks/ and check/), or with "
+            "--dag the id of a task already in the catalogue",
+            show_default=False,
+        ),
+    ],
+    dest: Annotated[
+        Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")
+    ] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing task folder")] = False,
-    dag: Annotated[Optional[Path], typer.Option("--dag", help="Use this DAG file (checked with the loader); with a "
-                                                "catalogue task id, attach it to that task")] = None,
+    dag: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--dag",
+            help="Use this DAG file (checked with the loader); with a catalogue task id, attach it to that task",
+        ),
+    ] = None,
 ) -> None:
     """Import a task from the public SaaSBench layout into the catalogue as <dest>/<id>/, or attach a DAG.
 
@@ -202,7 +274,9 @@ def tasks_import(
         if dag is not None and not (folder / "check").is_dir() and not (folder / "tasks").is_dir():
             task = load_task(path, dest)
             warnings = attach_dag(task, dag)
-            console.print(f"[bold green]attached[/] {escape(str(dag))} to {escape(task.id)} ({len(warnings)} DAG warning(s))")
+            console.print(
+                f"[bold green]attached[/] {escape(str(dag))} to {escape(task.id)} ({len(warnings)} DAG warning(s))"
+            )
             console.print(f"  readiness   {escape(readiness(task).status)}")
             return
         result = import_public_task(folder, dest, overwrite=overwrite, dag=dag)
@@ -212,21 +286,40 @@ def tasks_import(
     for w in result.warnings:
         console.print(f"  [yellow]note[/] {escape(w)}")
     if result.dag_warnings:
-        console.print(f"  DAG warnings {len(result.dag_warnings)} (saasbench dag check {escape(str(result.task.dag_path))})")
+        console.print(
+            f"  DAG warnings {len(result.dag_warnings)} (saasbench dag check {escape(str(result.task.dag_path))})"
+        )
     console.print(f"  readiness   {escape(readiness(result.task).status)}")
 
 
 @tasks_app.command("fetch")
 def tasks_fetch(
-    tasks: Annotated[Optional[list[str]], typer.Argument(help="Task ids (task_<id> or <id>); default: every task", show_default=False)] = None,
-    dest: Annotated[Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")] = None,
-    repo: Annotated[Optional[str], typer.Option("--repo", help="Git repository (URL or path); default the public SaaSBench repository")] = None,
-    commit: Annotated[Optional[str], typer.Option("--commit", help="Commit id to check out (pinned by default)")] = None,
-    dataset: Annotated[Optional[str], typer.Option("--dataset", help="Dataset holding task.md and knowledge_base.json")] = None,
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="Dataset host; default $HF_ENDPOINT or https://huggingface.co")] = None,
+    tasks: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Task ids (task_<id> or <id>); default: every task", show_default=False),
+    ] = None,
+    dest: Annotated[
+        Optional[Path], typer.Option("--dest", help="Catalogue folder to import into; default the task catalogue")
+    ] = None,
+    repo: Annotated[
+        Optional[str],
+        typer.Option("--repo", help="Git repository (URL or path); default the public SaaSBench repository"),
+    ] = None,
+    commit: Annotated[
+        Optional[str], typer.Option("--commit", help="Commit id to check out (pinned by default)")
+    ] = None,
+    dataset: Annotated[
+        Optional[str], typer.Option("--dataset", help="Dataset holding task.md and knowledge_base.json")
+    ] = None,
+    endpoint: Annotated[
+        Optional[str], typer.Option("--endpoint", help="Dataset host; default $HF_ENDPOINT or https://huggingface.co")
+    ] = None,
     revision: Annotated[str, typer.Option("--revision", help="Dataset revision")] = "main",
     no_inputs: Annotated[bool, typer.Option("--no-inputs", help="Skip the PRD/KB downloads")] = False,
-    cache: Annotated[Optional[Path], typer.Option("--cache", help="Where the repository is checked out; default ~/.cache/saasbench/public")] = None,
+    cache: Annotated[
+        Optional[Path],
+        typer.Option("--cache", help="Where the repository is checked out; default ~/.cache/saasbench/public"),
+    ] = None,
 ) -> None:
     """Clone the public repository at a pinned commit, import its tasks, download their PRD and KB, report readiness.
 
@@ -240,9 +333,16 @@ def tasks_fetch(
     console = _console()
     try:
         with console.status("cloning the task repository and importing"):
-            results = f.fetch_tasks(tasks or None, repo=repo or f.DEFAULT_REPO, commit=commit or f.DEFAULT_COMMIT,
-                                    dataset=None if no_inputs else (dataset or f.DEFAULT_DATASET), endpoint=endpoint,
-                                    revision=revision, dest_root=dest, cache_dir=cache)
+            results = f.fetch_tasks(
+                tasks or None,
+                repo=repo or f.DEFAULT_REPO,
+                commit=commit or f.DEFAULT_COMMIT,
+                dataset=None if no_inputs else (dataset or f.DEFAULT_DATASET),
+                endpoint=endpoint,
+                revision=revision,
+                dest_root=dest,
+                cache_dir=cache,
+            )
     except f.FetchError as exc:
         raise _fail(str(exc)) from None
     client = docker_client_or_none()
@@ -251,8 +351,13 @@ def tasks_fetch(
         table.add_column(col, overflow="fold")
     for r in results:
         state = readiness(load_task_dir(Path(r.path)), docker_client=client).status if r.path else ""
-        table.add_row(escape(r.task), "yes" if r.imported else "[red]no[/]", " ".join(r.downloaded), escape(state),
-                      escape("; ".join(r.errors)))
+        table.add_row(
+            escape(r.task),
+            "yes" if r.imported else "[red]no[/]",
+            " ".join(r.downloaded),
+            escape(state),
+            escape("; ".join(r.errors)),
+        )
     console.print(table)
     failed = [r for r in results if r.errors]
     console.print(f"{len(results) - len(failed)} of {len(results)} task(s) fetched without errors")
@@ -284,8 +389,12 @@ def tasks_images(
     client = docker_client_or_none()
     needs = image_needs(spec, client)
     if as_json:
-        typer.echo(json.dumps({"task": t.id, "engine": client is not None,
-                               "images": [n.model_dump(mode="json") for n in needs]}, indent=2))
+        typer.echo(
+            json.dumps(
+                {"task": t.id, "engine": client is not None, "images": [n.model_dump(mode="json") for n in needs]},
+                indent=2,
+            )
+        )
     else:
         console = _console()
         table = Table(show_edge=False, pad_edge=False)
@@ -303,15 +412,26 @@ def tasks_images(
         raise typer.Exit(EXIT_NOT_VALID)
 
 
-_SHORT = {"PASSED": "pass", "FAILED": "FAIL", "ERROR": "ERR", "SKIPPED_DEPENDENCY": "dep", "SKIPPED_LLM": "llm",
-          "QUARANTINED": "quar", "DRY_RUN": "dry"}
+_SHORT = {
+    "PASSED": "pass",
+    "FAILED": "FAIL",
+    "ERROR": "ERR",
+    "SKIPPED_DEPENDENCY": "dep",
+    "SKIPPED_LLM": "llm",
+    "QUARANTINED": "quar",
+    "DRY_RUN": "dry",
+}
 
 
 def render_validation(console: Console, report) -> None:
     """The per-node table (node, pass rate, verdict) and the summary of a validation."""
     colour = {"pass": "green", "flaky": "yellow", "always_failing": "red", "skipped_llm": "dim"}
-    table = Table(title=f"Reference validation of {escape(report.task_id)} ({report.repeats} repeat(s))", title_justify="left",
-                  show_edge=False, pad_edge=False)
+    table = Table(
+        title=f"Reference validation of {escape(report.task_id)} ({report.repeats} repeat(s))",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
     table.add_column("node", no_wrap=True)
     table.add_column("pass rate", justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
@@ -337,11 +457,20 @@ def render_validation(console: Console, report) -> None:
 
 def validate_reference_cmd(
     task: Annotated[str, typer.Argument(help="Task id or folder", show_default=False)],
-    repeats: Annotated[int, typer.Option("--repeats", "-n", min=1, help="How many fresh environments to run the reference in")] = 3,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Output folder; default runs/validate-<task>-<timestamp>")] = None,
-    quarantine: Annotated[Optional[Path], typer.Option("--quarantine", help="Where to write the quarantine file; default <out>/quarantine.txt")] = None,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "-n", min=1, help="How many fresh environments to run the reference in")
+    ] = 3,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", help="Output folder; default runs/validate-<task>-<timestamp>")
+    ] = None,
+    quarantine: Annotated[
+        Optional[Path],
+        typer.Option("--quarantine", help="Where to write the quarantine file; default <out>/quarantine.txt"),
+    ] = None,
     root: RootOption = None,
-    keep: Annotated[bool, typer.Option("--keep", help="Keep the workspaces (their paths go into validation.json)")] = False,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the workspaces (their paths go into validation.json)")
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any node is flaky or always failing")] = False,
 ) -> None:
     """Validate a task: run its reference implementation (oracle agent) N times and its DAG on each.
@@ -361,8 +490,14 @@ def validate_reference_cmd(
     console = _console()
     try:
         with console.status(f"validating {t.id}") as status:
-            report = validate_reference(t, repeats, out_dir=out, quarantine_path=quarantine, keep_workspaces=keep,
-                                        progress=lambda i, msg: status.update(escape(msg)))
+            report = validate_reference(
+                t,
+                repeats,
+                out_dir=out,
+                quarantine_path=quarantine,
+                keep_workspaces=keep,
+                progress=lambda i, msg: status.update(escape(msg)),
+            )
     except DagLoadError as exc:
         raise _fail(f"DAG of {t.id} does not load: {exc.issues[0] if exc.issues else exc}") from None
     render_validation(console, report)

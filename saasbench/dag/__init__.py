@@ -34,8 +34,19 @@ METHOD_ALIASES: dict[str, Method] = {
 
 # Node keys the loader understands; anything else is kept in ``extras`` and reported.
 _NODE_KEYS = {
-    "id", "description", "prereqs", "primitive_chain", "steps", "scoring", "complexity_tier",
-    "kb_refs", "source_evidence", "run_last", "_run_last", "max_score", "evidence",
+    "id",
+    "description",
+    "prereqs",
+    "primitive_chain",
+    "steps",
+    "scoring",
+    "complexity_tier",
+    "kb_refs",
+    "source_evidence",
+    "run_last",
+    "_run_last",
+    "max_score",
+    "evidence",
 }
 # Free-text authoring notes seen in real DAGs: kept verbatim, never warned about.
 _ANNOTATION_KEYS = {"_eval_fix", "_honesty_note", "_normaliser", "_round19_note", "_baseline_known_gap"}
@@ -48,8 +59,11 @@ _METADATA_KEYS = {"coverage_refs", "trajectory_tags", "merged_from", "kb_ref"}
 def is_annotation(key: Any, value: Any) -> bool:
     """An authoring note: a known one, or any ``_name`` key holding text (``_round26_test_bug_fix``,
     ``_inclusivity_2026_04_30`` in ygamciur/ychlukjm), at node, scoring, step or input level."""
-    return key in _ANNOTATION_KEYS or (isinstance(key, str) and len(key) > 1 and key[0] == "_" and key[1].isalpha()
-                                       and isinstance(value, str))
+    return key in _ANNOTATION_KEYS or (
+        isinstance(key, str) and len(key) > 1 and key[0] == "_" and key[1].isalpha() and isinstance(value, str)
+    )
+
+
 _SCORING_KEYS = {"category", "subcategory", "method", "maxScore", "max_score"}
 
 
@@ -183,7 +197,9 @@ class StepDefect(ValueError):
     run time with this message, running no step (:attr:`Step.defect`)."""
 
 
-_warnings: contextvars.ContextVar[list[tuple[str, str | None]] | None] = contextvars.ContextVar("saasbench_dag_warnings", default=None)
+_warnings: contextvars.ContextVar[list[tuple[str, str | None]] | None] = contextvars.ContextVar(
+    "saasbench_dag_warnings", default=None
+)
 
 
 def warn(message: str, where: str | None = None) -> None:
@@ -224,11 +240,15 @@ def load_dag(path: str | Path, *, validate_inputs: bool = True) -> LoadResult:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
-        raise DagLoadError([Issue(kind="error", file=file, message=f"cannot read file: {exc.strerror or exc}")]) from exc
+        raise DagLoadError(
+            [Issue(kind="error", file=file, message=f"cannot read file: {exc.strerror or exc}")]
+        ) from exc
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DagLoadError([Issue(kind="error", file=file, message=f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")]) from exc
+        raise DagLoadError(
+            [Issue(kind="error", file=file, message=f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")]
+        ) from exc
     return load_dag_data(raw, source=file, validate_inputs=validate_inputs)
 
 
@@ -269,7 +289,12 @@ def load_dag_data(raw: Any, *, source: str = "<memory>", validate_inputs: bool =
     for n in nodes:
         for p in n.prereqs:
             if p not in seen:
-                c.add("warning", f"prerequisite {p!r} names no node (ignored for gating; a DAG defect)", node=n.id, field="prereqs")
+                c.add(
+                    "warning",
+                    f"prerequisite {p!r} names no node (ignored for gating; a DAG defect)",
+                    node=n.id,
+                    field="prereqs",
+                )
             elif p == n.id:
                 c.add("error", "node lists itself as a prerequisite", node=n.id, field="prereqs")
 
@@ -283,7 +308,10 @@ def load_dag_data(raw: Any, *, source: str = "<memory>", validate_inputs: bool =
     _check_totals(meta, scoring_config, nodes, c)
     _check_shared_state(nodes, c)
     if meta.get("execution_mode") == "custom_test_functions":
-        c.add("normalisation", "meta.execution_mode 'custom_test_functions': the primitive chains are executed as the specification")
+        c.add(
+            "normalisation",
+            "meta.execution_mode 'custom_test_functions': the primitive chains are executed as the specification",
+        )
     dag = Dag(source=source, meta=meta, scoring_config=scoring_config, nodes=nodes)
     return LoadResult(dag=dag, issues=c.issues)
 
@@ -344,11 +372,19 @@ def _load_node(rn: Any, index: int, c: _Collector, validate_inputs: bool) -> Nod
     complexity_tier = rn.get("complexity_tier")
     if isinstance(complexity_tier, (int, float)) and not isinstance(complexity_tier, bool):
         complexity_tier = f"{complexity_tier:g}"
-        c.add("normalisation", f"complexity_tier {rn['complexity_tier']!r} (a number) -> {complexity_tier!r}",
-              node=node_id, field="complexity_tier")
+        c.add(
+            "normalisation",
+            f"complexity_tier {rn['complexity_tier']!r} (a number) -> {complexity_tier!r}",
+            node=node_id,
+            field="complexity_tier",
+        )
     elif complexity_tier is not None and not isinstance(complexity_tier, str):
-        c.add("warning", f"complexity_tier {complexity_tier!r} is not a string or number (ignored)",
-              node=node_id, field="complexity_tier")
+        c.add(
+            "warning",
+            f"complexity_tier {complexity_tier!r} is not a string or number (ignored)",
+            node=node_id,
+            field="complexity_tier",
+        )
         complexity_tier = None
 
     kb_refs = rn.get("kb_refs") or []
@@ -383,7 +419,12 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
     method_raw = raw.get("method")
     method = METHOD_ALIASES.get(str(method_raw).strip().lower()) if method_raw is not None else None
     if method is None:
-        c.add("error", f"unknown scoring method {method_raw!r} (expected binary, weighted or llm-judge)", node=node_id, field="scoring.method")
+        c.add(
+            "error",
+            f"unknown scoring method {method_raw!r} (expected binary, weighted or llm-judge)",
+            node=node_id,
+            field="scoring.method",
+        )
         return None
     if method_raw != method:
         c.add("normalisation", f"scoring method {method_raw!r} -> {method!r}", node=node_id, field="scoring.method")
@@ -395,7 +436,12 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
             max_score = rn["max_score"]
             c.add("normalisation", "node-level max_score -> scoring.maxScore", node=node_id, field="max_score")
         elif as_number(rn["max_score"]) != as_number(max_score):
-            c.add("warning", f"node-level max_score {rn['max_score']!r} disagrees with scoring.maxScore {max_score!r}; scoring.maxScore wins", node=node_id, field="max_score")
+            c.add(
+                "warning",
+                f"node-level max_score {rn['max_score']!r} disagrees with scoring.maxScore {max_score!r}; scoring.maxScore wins",
+                node=node_id,
+                field="max_score",
+            )
     value = as_number(max_score)
     if value is None:
         c.add("error", f"maxScore must be a number, got {max_score!r}", node=node_id, field="scoring.maxScore")
@@ -468,7 +514,9 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
         try:
             model = spec.inputs.model_validate(inputs)
         except ValidationError as exc:
-            errors = [e for e in exc.errors() if not _has_placeholder(e.get("input"))]  # placeholders: checked at run time
+            errors = [
+                e for e in exc.errors() if not _has_placeholder(e.get("input"))
+            ]  # placeholders: checked at run time
             defect_errors = [e for e in errors if isinstance((e.get("ctx") or {}).get("error"), StepDefect)]
             for err in errors:
                 loc = ".".join(str(p) for p in err["loc"])
@@ -476,8 +524,12 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
                 if err in defect_errors:
                     message = str(err["ctx"]["error"])
                     defect = f"{defect}; {message}" if defect else message
-                    c.add("warning", f"{code}: {message} (a DAG defect; the node is ERROR at run time and runs no step)",
-                          node=node_id, field=where)
+                    c.add(
+                        "warning",
+                        f"{code}: {message} (a DAG defect; the node is ERROR at run time and runs no step)",
+                        node=node_id,
+                        field=where,
+                    )
                 else:
                     c.add("error", f"{code}: {err['msg']}", node=node_id, field=where)
             model = None
@@ -487,12 +539,19 @@ def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs
         for message in bucket:
             c.add("normalisation", f"{code}: {message}", node=node_id, field=f"{field}.inputs")
         for message, at in defects:
-            c.add("warning", f"{code}: {message}", node=node_id, field=f"{field}.inputs.{at}" if at else f"{field}.inputs")
+            c.add(
+                "warning", f"{code}: {message}", node=node_id, field=f"{field}.inputs.{at}" if at else f"{field}.inputs"
+            )
         if model is not None:
-            for key in (model.model_extra or {}):
+            for key in model.model_extra or {}:
                 if is_annotation(key, inputs.get(key)):
                     continue
-                c.add("warning", f"{code} input {key!r} not understood (ignored)", node=node_id, field=f"{field}.inputs.{key}")
+                c.add(
+                    "warning",
+                    f"{code} input {key!r} not understood (ignored)",
+                    node=node_id,
+                    field=f"{field}.inputs.{key}",
+                )
         if defect is not None:
             return Step(type=code, inputs=inputs, defect=defect)
     return Step(type=code, inputs=inputs)
@@ -634,15 +693,23 @@ def _check_shared_state(nodes: list[Node], c: _Collector) -> None:
                     continue
                 if name in by_id and name not in up(n.id):
                     warned.add(name)
-                    c.add("warning", f"reads {{{{{match.group(1)}}}}} from node {name!r}, which is not among its "
-                          "prerequisites: the value exists only if that node ran first (order-dependent)",
-                          node=n.id, field=f"steps[{index}].inputs")
+                    c.add(
+                        "warning",
+                        f"reads {{{{{match.group(1)}}}}} from node {name!r}, which is not among its "
+                        "prerequisites: the value exists only if that node ran first (order-dependent)",
+                        node=n.id,
+                        field=f"steps[{index}].inputs",
+                    )
                 elif name in made_by and n.id not in made_by[name] and not (made_by[name] & up(n.id)):
                     warned.add(name)
                     writers = ", ".join(sorted(made_by[name]))
-                    c.add("warning", f"reads capture {{{{{name}}}}} made only by {writers}, none of them a prerequisite: "
-                          "the value exists only if that node ran first (order-dependent)",
-                          node=n.id, field=f"steps[{index}].inputs")
+                    c.add(
+                        "warning",
+                        f"reads capture {{{{{name}}}}} made only by {writers}, none of them a prerequisite: "
+                        "the value exists only if that node ran first (order-dependent)",
+                        node=n.id,
+                        field=f"steps[{index}].inputs",
+                    )
 
 
 def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: list[Node], c: _Collector) -> None:
@@ -650,13 +717,21 @@ def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: l
     total = sum(n.max_score for n in nodes)
     declared_nodes = meta.get("total_nodes")
     if isinstance(declared_nodes, int) and declared_nodes != len(nodes):
-        c.add("warning", f"meta.total_nodes says {declared_nodes}, the file has {len(nodes)} nodes (node count wins)", field="meta.total_nodes")
+        c.add(
+            "warning",
+            f"meta.total_nodes says {declared_nodes}, the file has {len(nodes)} nodes (node count wins)",
+            field="meta.total_nodes",
+        )
     for where, container in (("meta", meta), ("scoring_config", scoring_config)):
         for key in ("total_maxScore", "total_max_score"):
             if key in container:
                 declared = as_number(container[key])
                 if declared is None or abs(declared - total) > 1e-9:
-                    c.add("warning", f"{where}.{key} says {container[key]!r}, nodes sum to {total:g} (node sum wins)", field=f"{where}.{key}")
+                    c.add(
+                        "warning",
+                        f"{where}.{key} says {container[key]!r}, nodes sum to {total:g} (node sum wins)",
+                        field=f"{where}.{key}",
+                    )
     cats = scoring_config.get("categories")
     if isinstance(cats, dict):
         sums: dict[str, float] = {}
@@ -665,16 +740,38 @@ def _check_totals(meta: dict[str, Any], scoring_config: dict[str, Any], nodes: l
             sums[n.scoring.category] = sums.get(n.scoring.category, 0.0) + n.max_score
             counts[n.scoring.category] = counts.get(n.scoring.category, 0) + 1
         for cat, value in cats.items():
-            declared = value if isinstance(value, (int, float)) and not isinstance(value, bool) else (value.get("maxScore") if isinstance(value, dict) else None)
+            declared = (
+                value
+                if isinstance(value, (int, float)) and not isinstance(value, bool)
+                else (value.get("maxScore") if isinstance(value, dict) else None)
+            )
             if isinstance(value, dict) and "maxScore" not in value:
                 continue  # weight/description shapes carry no totals to check
             if cat not in sums:
-                c.add("warning", f"scoring_config category {cat!r} has no nodes", field=f"scoring_config.categories.{cat}")
+                c.add(
+                    "warning", f"scoring_config category {cat!r} has no nodes", field=f"scoring_config.categories.{cat}"
+                )
                 continue
             if as_number(declared) is not None and abs(as_number(declared) - sums[cat]) > 1e-9:  # type: ignore[operator]
-                c.add("warning", f"scoring_config category {cat!r} maxScore {declared!r} disagrees with node sum {sums[cat]:g}", field=f"scoring_config.categories.{cat}")
-            if isinstance(value, dict) and isinstance(value.get("node_count"), int) and value["node_count"] != counts[cat]:
-                c.add("warning", f"scoring_config category {cat!r} node_count {value['node_count']} disagrees with {counts[cat]} nodes", field=f"scoring_config.categories.{cat}")
+                c.add(
+                    "warning",
+                    f"scoring_config category {cat!r} maxScore {declared!r} disagrees with node sum {sums[cat]:g}",
+                    field=f"scoring_config.categories.{cat}",
+                )
+            if (
+                isinstance(value, dict)
+                and isinstance(value.get("node_count"), int)
+                and value["node_count"] != counts[cat]
+            ):
+                c.add(
+                    "warning",
+                    f"scoring_config category {cat!r} node_count {value['node_count']} disagrees with {counts[cat]} nodes",
+                    field=f"scoring_config.categories.{cat}",
+                )
         for cat in sums:
             if cat not in cats:
-                c.add("warning", f"category {cat!r} used by nodes is missing from scoring_config.categories", field="scoring_config.categories")
+                c.add(
+                    "warning",
+                    f"category {cat!r} used by nodes is missing from scoring_config.categories",
+                    field="scoring_config.categories",
+                )

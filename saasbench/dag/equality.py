@@ -25,8 +25,9 @@ from saasbench.dag.placeholders import MISSING, to_text
 _NUMBER = re.compile(r"^\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?\s*$")
 
 
-def values_equal(actual: Any, expected: Any, *, mode: Literal["strict", "loose"] = "strict",
-                 tolerance: float | None = None) -> bool:
+def values_equal(
+    actual: Any, expected: Any, *, mode: Literal["strict", "loose"] = "strict", tolerance: float | None = None
+) -> bool:
     """``actual`` (from the app) equals ``expected`` (from the DAG) under ``mode``."""
     return strict_equal(actual, expected, tolerance) if mode == "strict" else loose_equal(actual, expected)
 
@@ -49,7 +50,9 @@ def number(value: Any) -> float | Decimal | None:
 
 def exact_decimal(value: float | Decimal) -> Decimal | None:
     """Exact decimal of a number (floats via their shortest repr); None for NaN/infinity."""
-    number = value if isinstance(value, Decimal) else Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    number = (
+        value if isinstance(value, Decimal) else Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    )
     return number if number.is_finite() else None
 
 
@@ -127,8 +130,13 @@ def as_bool(v: Any) -> bool | None:
 
 def _bool_word_vs_bit(word: Any, bit: Any) -> bool:
     """``"True"``/``"false"`` against a 0/1 integer (MySQL and SQLite store booleans as 0/1)."""
-    return (isinstance(word, str) and word.strip().lower() in ("true", "false")
-            and isinstance(bit, int) and not isinstance(bit, bool) and bit in (0, 1))
+    return (
+        isinstance(word, str)
+        and word.strip().lower() in ("true", "false")
+        and isinstance(bit, int)
+        and not isinstance(bit, bool)
+        and bit in (0, 1)
+    )
 
 
 def parse_json(v: Any) -> Any:
@@ -145,7 +153,12 @@ def loose_equal(actual: Any, expected: Any) -> bool:
         return actual is None
     if actual is None or actual is MISSING:
         return False
-    if isinstance(expected, bool) or isinstance(actual, bool) or _bool_word_vs_bit(actual, expected) or _bool_word_vs_bit(expected, actual):
+    if (
+        isinstance(expected, bool)
+        or isinstance(actual, bool)
+        or _bool_word_vs_bit(actual, expected)
+        or _bool_word_vs_bit(expected, actual)
+    ):
         a, e = as_bool(actual), as_bool(expected)
         return a is not None and e is not None and a == e
     c = cmp_num(actual, expected)

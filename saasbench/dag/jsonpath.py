@@ -156,9 +156,9 @@ def _walk(value: Any, segments: list[Any]) -> Any:
             else:
                 return ABSENT
             out: list[Any] = []
-            multi = any(s is WILDCARD for s in segments[i + 1:])
+            multi = any(s is WILDCARD for s in segments[i + 1 :])
             for item in items:
-                found = _walk(item, segments[i + 1:])
+                found = _walk(item, segments[i + 1 :])
                 if found is ABSENT:
                     continue
                 if multi and isinstance(found, list):

@@ -135,7 +135,6 @@ class Resolver:
         text = MUSTACHE.sub(lambda m: to_text(self._value(m.group(1))), text)
         return SHELL.sub(lambda m: to_text(self._shell(m.group(1), m.group(2))), text)
 
-
     def resolve_command(self, text: str) -> str:
         """A shell command: ``{{...}}`` values spliced shell-quoted, ``${VAR}`` left to the shell.
 

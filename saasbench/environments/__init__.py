@@ -31,10 +31,13 @@ def check_backend(name: str) -> str:
     return name
 
 
-def create_environment(backend: str, task: Any, *, keep_workspace: bool = False, workspace_root: str | Path | None = None,
-                       **options: Any) -> Any:
+def create_environment(
+    backend: str, task: Any, *, keep_workspace: bool = False, workspace_root: str | Path | None = None, **options: Any
+) -> Any:
     """A fresh environment of ``backend`` for one trial of ``task`` (not started: use it as a context manager)."""
-    return _BACKENDS[check_backend(backend)](task, keep_workspace=keep_workspace, workspace_root=workspace_root, **options)
+    return _BACKENDS[check_backend(backend)](
+        task, keep_workspace=keep_workspace, workspace_root=workspace_root, **options
+    )
 
 
 def _local(task: Any, *, keep_workspace: bool, workspace_root: str | Path | None, **_: Any) -> Any:
@@ -43,8 +46,9 @@ def _local(task: Any, *, keep_workspace: bool, workspace_root: str | Path | None
     return LocalEnvironment(task, workspace_root=workspace_root, keep=keep_workspace)
 
 
-def _docker(task: Any, *, keep_workspace: bool, workspace_root: str | Path | None, docker_client: Any = None,
-            **_: Any) -> Any:
+def _docker(
+    task: Any, *, keep_workspace: bool, workspace_root: str | Path | None, docker_client: Any = None, **_: Any
+) -> Any:
     from saasbench.environments.docker import DockerEnvironment
 
     return DockerEnvironment(task, client=docker_client, keep=keep_workspace, workspace_root=workspace_root)

@@ -97,11 +97,15 @@ KEEP_ALIVE = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 &
 SERVICE_LOG_DIR = "/tmp/saasbench-logs"  # in the app container, outside the workspace
 
 # Kill every process whose environment holds the marker $1 (except the shell running this).
-_KILL_MARKED = ('for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
-                'grep -qs -- "$1" "$d/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null; done; true')
+_KILL_MARKED = (
+    'for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = "$$" ] && continue; '
+    'grep -qs -- "$1" "$d/environ" 2>/dev/null && kill -9 "$p" 2>/dev/null; done; true'
+)
 # Run "$2" -c "$3" with the marker in the environment; afterwards kill what it left running.
-_EXEC_WRAPPER = ('"$1" -c "$2"; rc=$?; set -- "SAASBENCH_EXEC=$SAASBENCH_EXEC"; '
-                 'command -v grep >/dev/null 2>&1 && { ' + _KILL_MARKED + '; }; exit $rc')
+_EXEC_WRAPPER = (
+    '"$1" -c "$2"; rc=$?; set -- "SAASBENCH_EXEC=$SAASBENCH_EXEC"; '
+    "command -v grep >/dev/null 2>&1 && { " + _KILL_MARKED + "; }; exit $rc"
+)
 
 
 def _now_iso() -> str:
@@ -243,9 +247,16 @@ class _CappedStreams:
         return b"".join(self.parts[which]).decode("utf-8", errors="replace")
 
 
-def exec_in_container(client: docker.DockerClient, container: Any, argv: list[str], timeout_s: float,
-                      env: Mapping[str, str] | None = None, workdir: str | None = None, *,
-                      marker_kill: bool = True) -> ExecResult:
+def exec_in_container(
+    client: docker.DockerClient,
+    container: Any,
+    argv: list[str],
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    *,
+    marker_kill: bool = True,
+) -> ExecResult:
     """Run ``argv`` in ``container`` with the :meth:`Environment.exec` contract (1 MiB per stream,
     exit 124 on timeout). With ``marker_kill`` it runs under the marker wrapper (``argv`` is then
     ``[shell, command]``) and everything it started dies when it ends or times out."""
@@ -287,8 +298,9 @@ def exec_in_container(client: docker.DockerClient, container: Any, argv: list[st
         code = info.get("ExitCode") if info.get("ExitCode") is not None else -1
     if timed_out:
         code = TIMEOUT_EXIT_CODE
-    return ExecResult(exit_code=code, stdout=streams.text(0), stderr=streams.text(1), timed_out=timed_out,
-                      truncated=streams.truncated)
+    return ExecResult(
+        exit_code=code, stdout=streams.text(0), stderr=streams.text(1), timed_out=timed_out, truncated=streams.truncated
+    )
 
 
 def kill_marked(container: Any, marker: str) -> None:
@@ -299,7 +311,9 @@ def kill_marked(container: Any, marker: str) -> None:
 
 def container_shell(client: docker.DockerClient, container: Any) -> str:
     """``bash`` when the container has it, else ``sh``."""
-    probe = exec_in_container(client, container, ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1"], 30, marker_kill=False)
+    probe = exec_in_container(
+        client, container, ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1"], 30, marker_kill=False
+    )
     return "bash" if probe.exit_code == 0 else "sh"
 
 
@@ -319,18 +333,39 @@ class DockerEnvironment(HostFolderFiles, Environment):
 
     kind = "docker"
 
-    def __init__(self, task: Task | None = None, *, spec: EnvSpec | None = None, client: docker.DockerClient | None = None,
-                 trial_id: str | None = None, image: str = DEFAULT_IMAGE, workspace_root: str | Path | None = None,
-                 health_deadline_s: float | None = None, reach: Literal["auto", "proxy", "ip"] = "auto",
-                 image_cache_dir: str | Path | None = None, keep: bool = False, port: int | None = None):
+    def __init__(
+        self,
+        task: Task | None = None,
+        *,
+        spec: EnvSpec | None = None,
+        client: docker.DockerClient | None = None,
+        trial_id: str | None = None,
+        image: str = DEFAULT_IMAGE,
+        workspace_root: str | Path | None = None,
+        health_deadline_s: float | None = None,
+        reach: Literal["auto", "proxy", "ip"] = "auto",
+        image_cache_dir: str | Path | None = None,
+        keep: bool = False,
+        port: int | None = None,
+    ):
         self.task = task
-        self.spec = spec if spec is not None else (env_spec_for_task(task, image=image) if task is not None
-                                                   else EnvSpec(services={"app": ServiceSpec(image=image)}))
+        self.spec = (
+            spec
+            if spec is not None
+            else (
+                env_spec_for_task(task, image=image)
+                if task is not None
+                else EnvSpec(services={"app": ServiceSpec(image=image)})
+            )
+        )
         self._client = client
         self.task_id = task.id if task is not None else "adhoc"
         self.trial_id = _safe_name(trial_id or uuid.uuid4().hex[:12])
-        self.health_deadline_s = health_deadline_s if health_deadline_s is not None else (
-            task.spec.timeouts.health_s if task is not None else 60.0)
+        self.health_deadline_s = (
+            health_deadline_s
+            if health_deadline_s is not None
+            else (task.spec.timeouts.health_s if task is not None else 60.0)
+        )
         self.reach = reach
         self.image_cache_dir = image_cache_dir
         self.keep = keep
@@ -351,8 +386,14 @@ class DockerEnvironment(HostFolderFiles, Environment):
 
     # --- labels ----------------------------------------------------------------------------------
     def labels(self, service: str | None = None) -> dict[str, str]:
-        out = {L_TRIAL: self.trial_id, L_TASK: self.task_id, L_CREATED: self._created, L_HOST: socket.gethostname(),
-               L_PID: str(os.getpid()), L_PID_START: _pid_start(os.getpid())}
+        out = {
+            L_TRIAL: self.trial_id,
+            L_TASK: self.task_id,
+            L_CREATED: self._created,
+            L_HOST: socket.gethostname(),
+            L_PID: str(os.getpid()),
+            L_PID_START: _pid_start(os.getpid()),
+        }
         if service is not None:
             out[L_SERVICE] = service
         return out
@@ -426,7 +467,9 @@ class DockerEnvironment(HostFolderFiles, Environment):
             self._proxy = _LoopbackProxy(path, self.app_port)
         except OSError as exc:
             if self.reach == "proxy":
-                raise EnvError(f"cannot reach the app container's loopback ({exc}); use reach='ip' with a remote engine") from exc
+                raise EnvError(
+                    f"cannot reach the app container's loopback ({exc}); use reach='ip' with a remote engine"
+                ) from exc
             self.reach = "ip"
 
     def _image_for(self, name: str, svc: ServiceSpec) -> str:
@@ -437,7 +480,8 @@ class DockerEnvironment(HostFolderFiles, Environment):
 
             context = self.spec.path(svc.build.context)
             ref = ImageCache(self.client, cache_dir=self.image_cache_dir).ensure(
-                context, dockerfile=svc.build.dockerfile, buildargs=svc.build.args)
+                context, dockerfile=svc.build.dockerfile, buildargs=svc.build.args
+            )
             return ref.tag
         assert svc.image is not None
         try:
@@ -446,8 +490,10 @@ class DockerEnvironment(HostFolderFiles, Environment):
             try:
                 self.client.images.pull(svc.image)
             except docker.errors.APIError as exc:
-                raise EnvError(f"service {name!r}: image {svc.image} is not present and cannot be pulled "
-                               f"({str(exc).splitlines()[0]}); build or import it first") from None
+                raise EnvError(
+                    f"service {name!r}: image {svc.image} is not present and cannot be pulled "
+                    f"({str(exc).splitlines()[0]}); build or import it first"
+                ) from None
         return svc.image
 
     def _run_service(self, api: Any, name: str, svc: ServiceSpec, image: str) -> Any:
@@ -477,7 +523,10 @@ class DockerEnvironment(HostFolderFiles, Environment):
                 binds[vol] = {"bind": v.target, "mode": mode}
         if svc.init_sql:
             src = self.spec.path(svc.init_sql)
-            binds[str(src.resolve())] = {"bind": svc.init_sql_target or f"/docker-entrypoint-initdb.d/{src.name}", "mode": "ro"}
+            binds[str(src.resolve())] = {
+                "bind": svc.init_sql_target or f"/docker-entrypoint-initdb.d/{src.name}",
+                "mode": "ro",
+            }
         command = svc.command
         if command is None and svc.entrypoint is None and name == self.app_name:
             command = KEEP_ALIVE
@@ -487,17 +536,36 @@ class DockerEnvironment(HostFolderFiles, Environment):
         if entrypoint == []:  # compose's `entrypoint: []` / "" clears the image's entrypoint, as `--entrypoint ""` does
             entrypoint = [""]
         host_config = api.create_host_config(
-            binds=binds, init=True, network_mode=self._network, dns=svc.dns or None, extra_hosts=svc.extra_hosts or None,
-            ulimits=[docker.types.Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in svc.ulimits.items()] or None,
-            shm_size=svc.shm_size)
-        net_config = api.create_networking_config({self._network: api.create_endpoint_config(aliases=[name, *svc.aliases])})
+            binds=binds,
+            init=True,
+            network_mode=self._network,
+            dns=svc.dns or None,
+            extra_hosts=svc.extra_hosts or None,
+            ulimits=[docker.types.Ulimit(name=k, soft=soft, hard=hard) for k, (soft, hard) in svc.ulimits.items()]
+            or None,
+            shm_size=svc.shm_size,
+        )
+        net_config = api.create_networking_config(
+            {self._network: api.create_endpoint_config(aliases=[name, *svc.aliases])}
+        )
         workdir = svc.working_dir or svc.workspace_target()
         try:
             created = api.create_container(
-                image, command=command, entrypoint=entrypoint, name=f"saasbench-{self.trial_id}-{_safe_name(name)}",
-                hostname=(svc.hostname or _safe_name(name))[:63], user=svc.user, stdin_open=svc.stdin_open, tty=svc.tty,
-                environment=env, labels={**svc.labels, **self.labels(name)}, host_config=host_config,
-                networking_config=net_config, working_dir=workdir, detach=True)
+                image,
+                command=command,
+                entrypoint=entrypoint,
+                name=f"saasbench-{self.trial_id}-{_safe_name(name)}",
+                hostname=(svc.hostname or _safe_name(name))[:63],
+                user=svc.user,
+                stdin_open=svc.stdin_open,
+                tty=svc.tty,
+                environment=env,
+                labels={**svc.labels, **self.labels(name)},
+                host_config=host_config,
+                networking_config=net_config,
+                working_dir=workdir,
+                detach=True,
+            )
             api.start(created["Id"])
         except docker.errors.APIError as exc:
             raise EnvError(f"service {name!r}: cannot start a container from {image}: {exc}") from exc
@@ -519,8 +587,10 @@ class DockerEnvironment(HostFolderFiles, Environment):
         One look right after start: a service without a healthcheck has no better signal."""
         state = self._state(name)
         if state.get("Status") in ("exited", "dead") and (name == self.app_name or state.get("ExitCode") != 0):
-            raise ServiceError(f"service {name!r} exited with code {state.get('ExitCode')} right after start",
-                               self._container_tail(name))
+            raise ServiceError(
+                f"service {name!r} exited with code {state.get('ExitCode')} right after start",
+                self._container_tail(name),
+            )
 
     def _wait_completed(self, name: str) -> None:
         end = time.monotonic() + self.health_deadline_s
@@ -529,10 +599,14 @@ class DockerEnvironment(HostFolderFiles, Environment):
             if state.get("Status") in ("exited", "dead"):
                 if state.get("ExitCode") == 0:
                     return
-                raise ServiceError(f"service {name!r} exited with code {state.get('ExitCode')} (expected 0)",
-                                   self._container_tail(name))
+                raise ServiceError(
+                    f"service {name!r} exited with code {state.get('ExitCode')} (expected 0)",
+                    self._container_tail(name),
+                )
             time.sleep(0.25)
-        raise ServiceError(f"service {name!r} did not complete within {self.health_deadline_s:g}s", self._container_tail(name))
+        raise ServiceError(
+            f"service {name!r} did not complete within {self.health_deadline_s:g}s", self._container_tail(name)
+        )
 
     def _wait_service_healthy(self, name: str, svc: ServiceSpec) -> None:
         hc = svc.healthcheck
@@ -544,27 +618,37 @@ class DockerEnvironment(HostFolderFiles, Environment):
         while True:
             state = self._state(name)
             if state.get("Status") in ("exited", "dead"):
-                raise ServiceError(f"service {name!r} exited with code {state.get('ExitCode')} before it was healthy",
-                                   self._container_tail(name))
+                raise ServiceError(
+                    f"service {name!r} exited with code {state.get('ExitCode')} before it was healthy",
+                    self._container_tail(name),
+                )
             try:
-                r = self._exec_in(container, hc.argv(), min(hc.timeout, max(0.5, end - time.monotonic())),
-                                  marker_kill=False)
+                r = self._exec_in(
+                    container, hc.argv(), min(hc.timeout, max(0.5, end - time.monotonic())), marker_kill=False
+                )
             except EnvError:
                 # the service may exit between the state check and the probe (Docker answers 409);
                 # report that as the service's failure, with its logs, not as an exec error
                 state = self._state(name)
                 if state.get("Status") in ("exited", "dead"):
-                    raise ServiceError(f"service {name!r} exited with code {state.get('ExitCode')} before it was healthy",
-                                       self._container_tail(name)) from None
+                    raise ServiceError(
+                        f"service {name!r} exited with code {state.get('ExitCode')} before it was healthy",
+                        self._container_tail(name),
+                    ) from None
                 raise
             if r.ok:
                 return
-            last = f"exit {r.exit_code}" + (" (timed out)" if r.timed_out else "") + (
-                f": {(r.stdout + r.stderr).strip()[-300:]}" if (r.stdout + r.stderr).strip() else "")
+            last = (
+                f"exit {r.exit_code}"
+                + (" (timed out)" if r.timed_out else "")
+                + (f": {(r.stdout + r.stderr).strip()[-300:]}" if (r.stdout + r.stderr).strip() else "")
+            )
             if time.monotonic() >= end:
                 break
             time.sleep(min(hc.interval, 1.0, max(0.0, end - time.monotonic())))
-        raise ServiceError(f"service {name!r} not healthy after {deadline:g}s (last probe: {last})", self._container_tail(name))
+        raise ServiceError(
+            f"service {name!r} not healthy after {deadline:g}s (last probe: {last})", self._container_tail(name)
+        )
 
     def stop(self) -> None:
         if self._stopped:
@@ -577,8 +661,9 @@ class DockerEnvironment(HostFolderFiles, Environment):
                 if self._started:
                     _remove_trial(self.client, self.trial_id)
             except Exception as exc:
-                raise EnvError(f"teardown of trial {self.trial_id} failed ({exc}); "
-                               "`saasbench env prune` removes the leftovers") from exc
+                raise EnvError(
+                    f"teardown of trial {self.trial_id} failed ({exc}); `saasbench env prune` removes the leftovers"
+                ) from exc
             finally:
                 if self._tmp_ws and not self.keep and self._ws is not None:
                     shutil.rmtree(self._ws, ignore_errors=True)
@@ -653,8 +738,12 @@ class DockerEnvironment(HostFolderFiles, Environment):
     def service_env(self) -> dict[str, str]:
         declared = (self.task.spec.environment.get("env") if self.task is not None else None) or {}
         out = {str(k): str(v) for k, v in declared.items()} if isinstance(declared, dict) else {}
-        out |= {"PORT": str(self.app_port), "APP_PORT": str(self.app_port), "HOST": "0.0.0.0",
-                "SAASBENCH_WORKSPACE": self.workspace_path}
+        out |= {
+            "PORT": str(self.app_port),
+            "APP_PORT": str(self.app_port),
+            "HOST": "0.0.0.0",
+            "SAASBENCH_WORKSPACE": self.workspace_path,
+        }
         rel = self._sqlite_rel()
         if rel is not None:
             path = posixpath.join(self.workspace_path, rel)
@@ -682,7 +771,9 @@ class DockerEnvironment(HostFolderFiles, Environment):
         service = str((self.task.spec.environment or {}).get("db_service") or "db")
         if service not in self._containers:
             return None
-        default_port = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mariadb": 3306, "mongodb": 27017}.get(engine)
+        default_port = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mariadb": 3306, "mongodb": 27017}.get(
+            engine
+        )
         ports = self.spec.services[service].ports
         port = ports[0] if len(ports) == 1 else default_port
         scheme = {"postgres": "postgresql", "mariadb": "mysql"}.get(engine, engine)
@@ -713,24 +804,41 @@ class DockerEnvironment(HostFolderFiles, Environment):
         return self.workspace_path if rel == "." else posixpath.join(self.workspace_path, rel)
 
     # --- commands and files ----------------------------------------------------------------------
-    def _exec_in(self, container: Any, argv: list[str], timeout_s: float, env: Mapping[str, str] | None = None,
-                 workdir: str | None = None, marker_kill: bool = True) -> ExecResult:
+    def _exec_in(
+        self,
+        container: Any,
+        argv: list[str],
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        marker_kill: bool = True,
+    ) -> ExecResult:
         return exec_in_container(self.client, container, argv, timeout_s, env, workdir, marker_kill=marker_kill)
 
     def _kill_marked(self, container: Any, marker: str) -> None:
         kill_marked(container, marker)
 
-    def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
         host = self._host_path(cwd or ".", "cwd")
         if not host.is_dir():
             raise FileNotFoundError(f"cwd {cwd!r} does not exist in the workspace")
         merged = self.service_env()
         merged.update({str(k): str(v) for k, v in (env or {}).items()})
-        return self._exec_in(self._containers[self.app_name], [self._shell, cmd], timeout_s, merged, self._container_dir(host))
+        return self._exec_in(
+            self._containers[self.app_name], [self._shell, cmd], timeout_s, merged, self._container_dir(host)
+        )
 
     # --- services (long-lived commands in the app container) -------------------------------------
-    def start_service(self, name: str, command: str, env: Mapping[str, str] | None = None, port: int | None = None,
-                      cwd: str | None = None) -> Service:
+    def start_service(
+        self,
+        name: str,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        cwd: str | None = None,
+    ) -> Service:
         host = self._host_path(cwd or ".", "cwd")
         api = self.client.api
         with self._lock:
@@ -746,8 +854,12 @@ class DockerEnvironment(HostFolderFiles, Environment):
         log = f"{SERVICE_LOG_DIR}/{_safe_name(name)}.log"
         script = 'mkdir -p "$(dirname "$3")" && exec "$1" -c "$2" >>"$3" 2>&1'
         container = self._containers[self.app_name]
-        exec_id = api.exec_create(container.id, ["/bin/sh", "-c", script, "saasbench-service", self._shell, command, log],
-                                  environment=merged, workdir=self._container_dir(host))["Id"]
+        exec_id = api.exec_create(
+            container.id,
+            ["/bin/sh", "-c", script, "saasbench-service", self._shell, command, log],
+            environment=merged,
+            workdir=self._container_dir(host),
+        )["Id"]
         api.exec_start(exec_id, detach=True)
         pid = 0
         for _ in range(50):  # the pid is known once the process runs
@@ -777,14 +889,25 @@ class DockerEnvironment(HostFolderFiles, Environment):
     def logs(self, name: str, tail: int = 200) -> str:
         """A service started with :meth:`start_service` (its log file), else a spec service (container logs)."""
         if name in self._services:
-            r = self._exec_in(self._containers[self.app_name],
-                              ["/bin/sh", "-c", 'tail -c 262144 "$1" 2>/dev/null', "saasbench-logs", str(self._services[name].log_path)],
-                              30, marker_kill=False)
+            r = self._exec_in(
+                self._containers[self.app_name],
+                [
+                    "/bin/sh",
+                    "-c",
+                    'tail -c 262144 "$1" 2>/dev/null',
+                    "saasbench-logs",
+                    str(self._services[name].log_path),
+                ],
+                30,
+                marker_kill=False,
+            )
             lines = r.stdout.splitlines()
             return "\n".join(lines[-tail:]) if tail > 0 else ""
         if name in self._containers:
             return self._container_tail(name, tail)
-        raise KeyError(f"no service {name!r} (known: {', '.join(sorted(set(self._services) | set(self._containers))) or 'none'})")
+        raise KeyError(
+            f"no service {name!r} (known: {', '.join(sorted(set(self._services) | set(self._containers))) or 'none'})"
+        )
 
     def stop_service(self, name: str) -> None:
         entry = self._service_marks.get(name)
@@ -861,7 +984,9 @@ def _owner_gone(labels: Mapping[str, str]) -> bool:
     return bool(start) and _pid_start(pid) not in ("", start)  # the pid was reused by another process
 
 
-def prune(client: docker.DockerClient, older_than: _dt.timedelta | float | None = None, *, dry_run: bool = False) -> list[str]:
+def prune(
+    client: docker.DockerClient, older_than: _dt.timedelta | float | None = None, *, dry_run: bool = False
+) -> list[str]:
     """Remove the leftovers of trials whose owner process is gone; returns their trial ids.
 
     A trial is removed when its resources were made on this host by a process that no longer

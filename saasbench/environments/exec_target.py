@@ -91,7 +91,9 @@ class ExecTarget(ABC):
     kind = "exec"
 
     @abstractmethod
-    def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
         """Run ``cmd`` with a shell; output capped, everything it started killed on timeout."""
 
     def logs(self, name: str, tail: int = 200) -> str:
@@ -141,12 +143,20 @@ class LocalExecTarget(ExecTarget):
         env.update({str(k): str(v) for k, v in (extra or {}).items()})
         return env
 
-    def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
         workdir = self.dir / cwd if cwd else self.dir
         if not workdir.is_dir():
             raise FileNotFoundError(f"cwd {cwd!r} does not exist under {self.dir}")
-        return run_group(["bash", "-c", cmd], timeout_s, cwd=workdir, env=self.command_env(env), running=self._running,
-                         lock=self._lock)
+        return run_group(
+            ["bash", "-c", cmd],
+            timeout_s,
+            cwd=workdir,
+            env=self.command_env(env),
+            running=self._running,
+            lock=self._lock,
+        )
 
     def base_env(self) -> dict[str, str]:
         return dict(os.environ)
@@ -175,15 +185,18 @@ class DockerExecTarget(ExecTarget):
                 client = docker.from_env()
             client.ping()
         except Exception as exc:  # noqa: BLE001 - any failure to reach the engine is one message
-            raise ExecTargetError(f"--exec docker:{container}: cannot reach the Docker engine at {where}: {exc}") from None
+            raise ExecTargetError(
+                f"--exec docker:{container}: cannot reach the Docker engine at {where}: {exc}"
+            ) from None
         self.client = client
         try:
             self.container = client.containers.get(container)
         except Exception as exc:  # noqa: BLE001 - NotFound, APIError
             self.close()
             if type(exc).__name__ == "NotFound":
-                raise ExecTargetError(f"--exec docker:{container}: no container named {container!r} on the Docker engine "
-                                      f"at {where}") from None
+                raise ExecTargetError(
+                    f"--exec docker:{container}: no container named {container!r} on the Docker engine at {where}"
+                ) from None
             raise ExecTargetError(f"--exec docker:{container}: {exc}") from None
         if self.container.status != "running":
             self.close()
@@ -193,7 +206,9 @@ class DockerExecTarget(ExecTarget):
         self.shell = container_shell(client, self.container)
         self.workdir = (self.container.attrs.get("Config") or {}).get("WorkingDir") or "/"
 
-    def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
         from saasbench.environments.docker import exec_in_container
 
         workdir = posixpath.join(self.workdir, cwd) if cwd else None
@@ -274,7 +289,7 @@ def _words(line: str, where: str) -> list[list[tuple[str, bool]]]:
             end = line.find("'", i + 1)
             if end < 0:
                 raise ExecTargetError(f"{where}: unterminated single quote")
-            cur.append((line[i + 1:end], False))
+            cur.append((line[i + 1 : end], False))
             i = end + 1
         elif ch == '"':
             i += 1
@@ -338,7 +353,9 @@ def parse_env_assignments(text: str, base: Mapping[str, str] | None = None, *, s
         for word in words:
             first, expandable = word[0]
             if "=" not in first or not expandable:
-                raise ExecTargetError(f"{where}: not a K=V assignment: {raw.strip()[:120]!r} (the file is parsed, not run)")
+                raise ExecTargetError(
+                    f"{where}: not a K=V assignment: {raw.strip()[:120]!r} (the file is parsed, not run)"
+                )
             name, _, rest = first.partition("=")
             if not NAME_RE.fullmatch(name):
                 raise ExecTargetError(f"{where}: {name!r} is not a variable name")

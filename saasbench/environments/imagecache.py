@@ -87,7 +87,11 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     for pat in patterns:  # later patterns win, "!" re-includes (as docker does)
         neg = pat.startswith("!")
         p = pat[1:] if neg else pat
-        if fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(rel, p + "/*") or (p.startswith("**/") and fnmatch.fnmatch(rel, p[3:])):
+        if (
+            fnmatch.fnmatch(rel, p)
+            or fnmatch.fnmatch(rel, p + "/*")
+            or (p.startswith("**/") and fnmatch.fnmatch(rel, p[3:]))
+        ):
             hit = not neg
     return hit
 
@@ -131,8 +135,11 @@ def base_images(dockerfile_text: str, buildargs: dict[str, str] | None = None) -
     stages: set[str] = set()
     out: list[str] = []
     for m in _FROM.finditer(dockerfile_text):
-        image = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}?",
-                       lambda a: args.get(a.group(1)) or (a.group(2) or ""), m.group(1))
+        image = re.sub(
+            r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}?",
+            lambda a: args.get(a.group(1)) or (a.group(2) or ""),
+            m.group(1),
+        )
         if image.lower() not in stages and image != "scratch" and image not in out:
             out.append(image)
         if m.group(2):
@@ -143,7 +150,9 @@ def base_images(dockerfile_text: str, buildargs: dict[str, str] | None = None) -
 class ImageCache:
     """Builds images once per content key. ``repository``: the tag's name part."""
 
-    def __init__(self, client: docker.DockerClient, cache_dir: str | Path | None = None, repository: str = "saasbench/env"):
+    def __init__(
+        self, client: docker.DockerClient, cache_dir: str | Path | None = None, repository: str = "saasbench/env"
+    ):
         self.client = client
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.repository = repository
@@ -163,14 +172,18 @@ class ImageCache:
             try:
                 h.update(f"from {base} {self.client.images.get(base).id}\0".encode())
             except docker.errors.ImageNotFound:
-                raise BuildError(f"{df}: base image {base} is not on the engine (no registry here: "
-                                 f"docker import it or run infra/base-image/build.sh)") from None
+                raise BuildError(
+                    f"{df}: base image {base} is not on the engine (no registry here: "
+                    f"docker import it or run infra/base-image/build.sh)"
+                ) from None
         return h.hexdigest()
 
     def tag_for(self, key: str) -> str:
         return f"{self.repository}:{key[:KEY_CHARS]}"
 
-    def ensure(self, context: str | Path, dockerfile: str = "Dockerfile", buildargs: dict[str, str] | None = None) -> ImageRef:
+    def ensure(
+        self, context: str | Path, dockerfile: str = "Dockerfile", buildargs: dict[str, str] | None = None
+    ) -> ImageRef:
         """The image for this context, built if no image has its key yet. Raises :class:`BuildError`."""
         import docker.errors
 
@@ -182,7 +195,10 @@ class ImageCache:
                 image = self.client.images.get(tag)
                 built, log = False, None
             except docker.errors.ImageNotFound:
-                image, log = self._build(Path(context), dockerfile, buildargs, key, tag), self.cache_dir / "logs" / f"{key}.log"
+                image, log = (
+                    self._build(Path(context), dockerfile, buildargs, key, tag),
+                    self.cache_dir / "logs" / f"{key}.log",
+                )
                 built = True
             (self.cache_dir / "used" / key).touch()
         return ImageRef(tag=tag, image_id=image.id, key=key, built=built, log_path=log)
@@ -195,9 +211,17 @@ class ImageCache:
         error = None
         with open(log_path, "w", encoding="utf-8") as log:
             try:
-                for item in self.client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs or None,
-                                                  rm=True, forcerm=True, decode=True, pull=False,
-                                                  labels={L_KEY: key, L_BUILT: str(int(t0))}):
+                for item in self.client.api.build(
+                    path=str(context),
+                    dockerfile=dockerfile,
+                    tag=tag,
+                    buildargs=buildargs or None,
+                    rm=True,
+                    forcerm=True,
+                    decode=True,
+                    pull=False,
+                    labels={L_KEY: key, L_BUILT: str(int(t0))},
+                ):
                     if "stream" in item:
                         log.write(item["stream"])
                     elif "error" in item:
@@ -211,10 +235,24 @@ class ImageCache:
                 log.write("ERROR: " + error + "\n")
         if error is not None:
             tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-30:])
-            raise BuildError(f"building {context / dockerfile} failed: {error}\n--- last build log lines ({log_path}) ---\n{tail}")
+            raise BuildError(
+                f"building {context / dockerfile} failed: {error}\n--- last build log lines ({log_path}) ---\n{tail}"
+            )
         with open(self.cache_dir / "builds.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"key": key, "tag": tag, "context": str(context), "dockerfile": dockerfile, "pid": os.getpid(),
-                                 "started": t0, "seconds": round(time.time() - t0, 3)}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "key": key,
+                        "tag": tag,
+                        "context": str(context),
+                        "dockerfile": dockerfile,
+                        "pid": os.getpid(),
+                        "started": t0,
+                        "seconds": round(time.time() - t0, 3),
+                    }
+                )
+                + "\n"
+            )
         return self.client.images.get(tag)
 
     def builds(self) -> list[dict[str, Any]]:
@@ -237,8 +275,16 @@ class ImageCache:
                 last = used.stat().st_mtime
             except OSError:
                 last = float(img.labels.get(L_BUILT) or 0)
-            out.append(CachedImage(tag=tags[0], image_id=img.id, key=key, size=int(img.attrs.get("Size") or 0),
-                                   created=str(img.attrs.get("Created", "")), last_used=last))
+            out.append(
+                CachedImage(
+                    tag=tags[0],
+                    image_id=img.id,
+                    key=key,
+                    size=int(img.attrs.get("Size") or 0),
+                    created=str(img.attrs.get("Created", "")),
+                    last_used=last,
+                )
+            )
         return sorted(out, key=lambda c: c.last_used)
 
     def prune(self, max_age_s: float | None = None, max_bytes: int | None = None) -> list[CachedImage]:

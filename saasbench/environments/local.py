@@ -50,8 +50,23 @@ MAX_FILE_BYTES = 100 * 1024 * 1024
 TIMEOUT_EXIT_CODE = 124
 LOG_TAIL_ON_ERROR = 30
 # Host variables a local command inherits; everything else (API keys, tokens) stays out.
-PASSTHROUGH_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "TERM", "SHELL",
-                   "PYENV_ROOT", "PYENV_VERSION", "SSL_CERT_FILE", "SSL_CERT_DIR")
+PASSTHROUGH_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "SHELL",
+    "PYENV_ROOT",
+    "PYENV_VERSION",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+)
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -164,7 +179,9 @@ class Environment(ABC):
 
     # --- commands and files ------------------------------------------------------------------
     @abstractmethod
-    def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
         """Run ``bash -c cmd`` (cwd: the workspace, or ``cwd`` relative to it) and wait at most ``timeout_s``.
 
         Processes the command leaves in the background are killed when it returns (start
@@ -193,8 +210,14 @@ class Environment(ABC):
 
     # --- services ----------------------------------------------------------------------------
     @abstractmethod
-    def start_service(self, name: str, command: str, env: Mapping[str, str] | None = None, port: int | None = None,
-                      cwd: str | None = None) -> Service:
+    def start_service(
+        self,
+        name: str,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        cwd: str | None = None,
+    ) -> Service:
         """Start ``bash -c command`` in the background (its own process group), output to its log.
 
         ``port`` (default :attr:`app_port`) is given as ``$PORT``/``$APP_PORT``. Raises
@@ -215,8 +238,9 @@ class Environment(ABC):
             while True:
                 code = self._service_exit_code(service) if service else None
                 if code is not None:
-                    raise ServiceError(f"service {service!r} exited with code {code} before {url} answered",
-                                       self._log_tail(service))
+                    raise ServiceError(
+                        f"service {service!r} exited with code {code} before {url} answered", self._log_tail(service)
+                    )
                 try:
                     r = client.get(url)
                     if 200 <= r.status_code < 400:
@@ -227,7 +251,9 @@ class Environment(ABC):
                 if time.monotonic() >= end:
                     break
                 time.sleep(min(0.25, max(0.0, end - time.monotonic())))
-        raise ServiceError(f"{url} not healthy after {deadline_s:g}s (last: {last})", self._log_tail(service) if service else "")
+        raise ServiceError(
+            f"{url} not healthy after {deadline_s:g}s (last: {last})", self._log_tail(service) if service else ""
+        )
 
     def _service_exit_code(self, name: str) -> int | None:
         """The exit code of a service started with :meth:`start_service` that has exited; None while it
@@ -347,14 +373,28 @@ class _CappedReader(threading.Thread):
         return b"".join(self.chunks).decode("utf-8", errors="replace")
 
 
-def run_group(argv: list[str], timeout_s: float, *, cwd: str | Path, env: Mapping[str, str],
-              running: dict[int, subprocess.Popen] | None = None, lock: threading.Lock | None = None) -> ExecResult:
+def run_group(
+    argv: list[str],
+    timeout_s: float,
+    *,
+    cwd: str | Path,
+    env: Mapping[str, str],
+    running: dict[int, subprocess.Popen] | None = None,
+    lock: threading.Lock | None = None,
+) -> ExecResult:
     """Run ``argv`` in its own process group with the :meth:`Environment.exec` contract: each
     stream capped at :data:`MAX_OUTPUT_BYTES`, exit 124 and the whole group killed on timeout,
     whatever the command left in the background killed when it returns. ``running`` (guarded by
     ``lock``) holds the process while it runs, so an owner's ``stop()`` can kill it."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     guard = lock if lock is not None else contextlib.nullcontext()
     if running is not None:
         with guard:
@@ -381,8 +421,13 @@ def run_group(argv: list[str], timeout_s: float, *, cwd: str | Path, env: Mappin
         with guard:
             running.pop(proc.pid, None)
     code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
-    return ExecResult(exit_code=code, stdout=out.text(), stderr=err.text(), timed_out=timed_out,
-                      truncated=out.truncated or err.truncated)
+    return ExecResult(
+        exit_code=code,
+        stdout=out.text(),
+        stderr=err.text(),
+        timed_out=timed_out,
+        truncated=out.truncated or err.truncated,
+    )
 
 
 def _tail(path: Path, lines: int) -> str:
@@ -439,7 +484,6 @@ class HostFolderFiles:
         return Workspace(self._require())
 
 
-
 class LocalEnvironment(HostFolderFiles, Environment):
     """A trial on this host: a fresh workspace folder, processes in their own groups, SQLite.
 
@@ -454,8 +498,15 @@ class LocalEnvironment(HostFolderFiles, Environment):
 
     kind = "local"
 
-    def __init__(self, task: Task | None = None, workspace_root: str | Path | None = None, *, keep: bool = False,
-                 host: str = "127.0.0.1", port: int | None = None):
+    def __init__(
+        self,
+        task: Task | None = None,
+        workspace_root: str | Path | None = None,
+        *,
+        keep: bool = False,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+    ):
         self.task = task
         self._given_root = Path(workspace_root) if workspace_root is not None else None
         self.keep = keep
@@ -566,8 +617,12 @@ class LocalEnvironment(HostFolderFiles, Environment):
     def service_env(self) -> dict[str, str]:
         declared = (self.task.spec.environment.get("env") if self.task is not None else None) or {}
         out = {str(k): str(v) for k, v in declared.items()} if isinstance(declared, dict) else {}
-        out |= {"PORT": str(self.app_port), "APP_PORT": str(self.app_port), "HOST": self.host,
-                "SAASBENCH_WORKSPACE": self.workspace_path}
+        out |= {
+            "PORT": str(self.app_port),
+            "APP_PORT": str(self.app_port),
+            "HOST": self.host,
+            "SAASBENCH_WORKSPACE": self.workspace_path,
+        }
         db = self.db_path
         if db is not None:
             out["DATABASE_PATH"] = str(db)
@@ -596,14 +651,28 @@ class LocalEnvironment(HostFolderFiles, Environment):
         return host
 
     # --- commands and files ------------------------------------------------------------------------
-    def exec(self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
+    def exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
         workdir = self._host_path(cwd or ".", "cwd")
-        return run_group(["bash", "-c", cmd], timeout_s, cwd=workdir, env=self._env(env), running=self._running_execs,
-                         lock=self._lock)
+        return run_group(
+            ["bash", "-c", cmd],
+            timeout_s,
+            cwd=workdir,
+            env=self._env(env),
+            running=self._running_execs,
+            lock=self._lock,
+        )
 
     # --- services ---------------------------------------------------------------------------------
-    def start_service(self, name: str, command: str, env: Mapping[str, str] | None = None, port: int | None = None,
-                      cwd: str | None = None) -> Service:
+    def start_service(
+        self,
+        name: str,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+        cwd: str | None = None,
+    ) -> Service:
         workdir = self._host_path(cwd or ".", "cwd")
         with self._lock:
             old = self._services.get(name)
@@ -614,8 +683,15 @@ class LocalEnvironment(HostFolderFiles, Environment):
         merged.update({"PORT": str(port), "APP_PORT": str(port)})
         log_path = self.state_dir / "logs" / f"{_safe(name)}.log"
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=merged, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=workdir,
+                env=merged,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         svc = Service(name=name, command=command, pid=proc.pid, port=port, log_path=log_path, process=proc)
         with self._lock:
             self._services[name] = svc
@@ -679,7 +755,9 @@ def start_app(task: Task, env: Environment, *, command: str | None = None, deadl
             env.start_service("app", command)
             service = "app"
         except (ServiceError, OSError) as exc:
-            return AppStart(False, env.base_url, f"cannot start the app with {command!r}: {exc}", elapsed_s=time.monotonic() - t0)
+            return AppStart(
+                False, env.base_url, f"cannot start the app with {command!r}: {exc}", elapsed_s=time.monotonic() - t0
+            )
     try:
         env.wait_healthy(url, deadline, service=service)
     except ServiceError as exc:
@@ -716,15 +794,23 @@ def self_check(env: Environment, *, python: str = "python3") -> list[str]:
             failures.append(what)
 
     r = env.exec("echo out; echo err >&2; exit 3", timeout_s=30)
-    check(r.exit_code == 3 and r.stdout == "out\n" and r.stderr == "err\n" and not r.timed_out,
-          f"exec exit code/streams: {r!r}")
+    check(
+        r.exit_code == 3 and r.stdout == "out\n" and r.stderr == "err\n" and not r.timed_out,
+        f"exec exit code/streams: {r!r}",
+    )
     check(env.exec("true", timeout_s=30).ok, "exec true is ok")
     r = env.exec('printf "%s" "$SELFCHECK_VAR"', timeout_s=30, env={"SELFCHECK_VAR": "v1"})
     check(r.stdout == "v1", f"exec env var: {r.stdout!r}")
     r = env.exec("pwd -P", timeout_s=30)
-    check(os.path.realpath(r.stdout.strip()) == os.path.realpath(env.workspace_path), f"exec cwd is the workspace: {r.stdout!r}")
+    check(
+        os.path.realpath(r.stdout.strip()) == os.path.realpath(env.workspace_path),
+        f"exec cwd is the workspace: {r.stdout!r}",
+    )
     r = env.exec("head -c 3000000 /dev/zero | tr '\\0' 'x'", timeout_s=60)
-    check(r.truncated and len(r.stdout.encode()) == MAX_OUTPUT_BYTES and r.exit_code == 0, f"output cap: {len(r.stdout)} bytes, truncated={r.truncated}")
+    check(
+        r.truncated and len(r.stdout.encode()) == MAX_OUTPUT_BYTES and r.exit_code == 0,
+        f"output cap: {len(r.stdout)} bytes, truncated={r.truncated}",
+    )
     t0 = time.monotonic()
     r = env.exec("sleep 30", timeout_s=0.5)
     check(r.timed_out and r.exit_code == TIMEOUT_EXIT_CODE and time.monotonic() - t0 < 10, f"timeout: {r!r}")

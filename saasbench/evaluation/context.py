@@ -131,9 +131,13 @@ class RunContext:
     def set_response(self, response: "HttpResponse") -> None:
         self.last_response = response
         # a light copy: the evidence shows the first 1,500 chars of each body, never the parsed body
-        self.response_log.append(dataclasses.replace(response, text=(response.text or "")[:RESPONSE_LOG_TEXT], body=None))
+        self.response_log.append(
+            dataclasses.replace(response, text=(response.text or "")[:RESPONSE_LOG_TEXT], body=None)
+        )
         self.last_document = response.body
-        created = extract_id(response.body) if response.status in (200, 201) and response.method in ("POST", "PUT") else None
+        created = (
+            extract_id(response.body) if response.status in (200, 201) and response.method in ("POST", "PUT") else None
+        )
         if created is not None:
             self.last_created_id = created
             self.node_scope.setdefault("created_id", created)
@@ -151,8 +155,12 @@ class RunContext:
 
             if not self.target.base_url:
                 raise RuntimeError("no base URL: this primitive needs --base-url")
-            self._http = HttpClient(self.target.base_url, max_bytes=self.options.max_response_bytes,
-                                    timeout_s=self.options.http_timeout_s, origin_aliases=self.target.origin_aliases)
+            self._http = HttpClient(
+                self.target.base_url,
+                max_bytes=self.options.max_response_bytes,
+                timeout_s=self.options.http_timeout_s,
+                origin_aliases=self.target.origin_aliases,
+            )
         return self._http
 
     def start_node_clock(self, seconds: float) -> None:

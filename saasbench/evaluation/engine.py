@@ -66,7 +66,9 @@ class Engine:
     def run(self, on_node: Callable[[NodeResult], None] | None = None) -> RunReport:
         started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         t0 = time.perf_counter()
-        nodes = execution_order(select_nodes(self.dag, self.options.only, self.options.categories), ties=tie_order(self.ctx.options.compat))
+        nodes = execution_order(
+            select_nodes(self.dag, self.options.only, self.options.categories), ties=tie_order(self.ctx.options.compat)
+        )
         results: dict[str, NodeResult] = {}
         gate: dict[str, bool] = {}
         try:
@@ -85,8 +87,14 @@ class Engine:
         finally:
             self.ctx.close()
         ordered = [results[n.id] for n in nodes]
-        return build_report(self.dag, ordered, started_at=started_at, elapsed_s=time.perf_counter() - t0, ctx=self.ctx,
-                            quarantined=sorted(self.options.quarantine & set(results)))
+        return build_report(
+            self.dag,
+            ordered,
+            started_at=started_at,
+            elapsed_s=time.perf_counter() - t0,
+            ctx=self.ctx,
+            quarantined=sorted(self.options.quarantine & set(results)),
+        )
 
     # --- one node -------------------------------------------------------------------------------
     def _run_node(self, node: Node, gate: dict[str, bool]) -> NodeResult:
@@ -101,18 +109,29 @@ class Engine:
         if self.options.dry_run:
             return NodeResult(**base, status=Status.DRY_RUN, message="dry run: not executed")
         if node.defects:  # the loader warned; the node cannot mean anything, so nothing runs
-            return NodeResult(**base, status=Status.ERROR, score=0.0,
-                              message="DAG defect, no step run: " + "; ".join(node.defects))
+            return NodeResult(
+                **base, status=Status.ERROR, score=0.0, message="DAG defect, no step run: " + "; ".join(node.defects)
+            )
         if node.method == "llm-judge" and not self.ctx.options.judge_enabled:
             # decided before gating and before any evidence step: no judge will read the evidence,
             # so rendering pages for it is wasted time (and its prerequisites do not matter)
-            return NodeResult(**base, status=Status.SKIPPED_LLM, message="no judge configured: llm-judge node not run (pass --judge-model)")
+            return NodeResult(
+                **base,
+                status=Status.SKIPPED_LLM,
+                message="no judge configured: llm-judge node not run (pass --judge-model)",
+            )
         failed_prereqs = [p for p in node.prereqs if p in gate and not gate[p]]
         if failed_prereqs:
-            return NodeResult(**base, status=Status.SKIPPED_DEPENDENCY, message="prerequisite not passed: " + ", ".join(failed_prereqs))
+            return NodeResult(
+                **base,
+                status=Status.SKIPPED_DEPENDENCY,
+                message="prerequisite not passed: " + ", ".join(failed_prereqs),
+            )
         missing = [p for p in node.prereqs if p not in gate and p in self._ids]
         if missing:  # cannot happen with select_nodes, kept for engine callers that bypass it
-            return NodeResult(**base, status=Status.SKIPPED_DEPENDENCY, message="prerequisite not run: " + ", ".join(missing))
+            return NodeResult(
+                **base, status=Status.SKIPPED_DEPENDENCY, message="prerequisite not run: " + ", ".join(missing)
+            )
 
         ctx = self.ctx
         ctx.node_scope = {}
@@ -128,22 +147,46 @@ class Engine:
         judge_info = None
         for index, step in enumerate(node.steps):
             if ctx.remaining() <= 0:
-                status, message = Status.FAILED, f"node deadline of {budget:g}s exceeded before step {index} ({step.type})"
+                status, message = (
+                    Status.FAILED,
+                    f"node deadline of {budget:g}s exceeded before step {index} ({step.type})",
+                )
                 break
             s0 = time.perf_counter()
             try:
                 result = self._run_step(step.type, step.inputs)
             except Exception as exc:  # noqa: BLE001 - a primitive crashed: ERROR, chain stops, run goes on
-                records.append(StepRecord(index=index, type=step.type, passed=False, error=True,
-                                          message=f"{type(exc).__name__}: {exc}", duration_ms=_ms(s0),
-                                          evidence={"traceback": traceback.format_exc(limit=6)}))
+                records.append(
+                    StepRecord(
+                        index=index,
+                        type=step.type,
+                        passed=False,
+                        error=True,
+                        message=f"{type(exc).__name__}: {exc}",
+                        duration_ms=_ms(s0),
+                        evidence={"traceback": traceback.format_exc(limit=6)},
+                    )
+                )
                 status, message = Status.ERROR, f"step {index} {step.type} raised {type(exc).__name__}: {exc}"
                 break
             step_results.append(result)
-            records.append(StepRecord(index=index, type=step.type, passed=result.passed, message=result.message,
-                                      duration_ms=_ms(s0), evidence=result.evidence))
+            records.append(
+                StepRecord(
+                    index=index,
+                    type=step.type,
+                    passed=result.passed,
+                    message=result.message,
+                    duration_ms=_ms(s0),
+                    evidence=result.evidence,
+                )
+            )
             if step.type == "P17" or result.judge_score is not None or result.judge_skipped:
-                judge_info = {"score": result.judge_score, "range": result.judge_range, "skipped": result.judge_skipped, "message": result.message}
+                judge_info = {
+                    "score": result.judge_score,
+                    "range": result.judge_range,
+                    "skipped": result.judge_skipped,
+                    "message": result.message,
+                }
             if not result.passed and node.method == "binary":
                 break  # binary chains short-circuit
             if node.method == "llm-judge" and not result.passed and result.unreachable:
@@ -154,7 +197,9 @@ class Engine:
         if node.id in self.options.quarantine:
             message = f"quarantined; ran as {status.value}: {message}"
             status = Status.QUARANTINED
-        return NodeResult(**base, status=status, score=score, message=message, duration_ms=_ms(t0), steps=records, judge=judge_info)
+        return NodeResult(
+            **base, status=status, score=score, message=message, duration_ms=_ms(t0), steps=records, judge=judge_info
+        )
 
     def _run_step(self, code: str, raw_inputs: dict) -> StepResult:
         from saasbench.primitives.registry import REGISTRY
@@ -172,14 +217,22 @@ class Engine:
         except ValidationError as exc:
             from saasbench.dag import StepDefect
 
-            defects = [str(e["ctx"]["error"]) for e in exc.errors() if isinstance((e.get("ctx") or {}).get("error"), StepDefect)]
+            defects = [
+                str(e["ctx"]["error"])
+                for e in exc.errors()
+                if isinstance((e.get("ctx") or {}).get("error"), StepDefect)
+            ]
             if defects:  # a defect only visible once placeholders resolved: the node is ERROR, as at load time
                 raise StepDefect("; ".join(defects)) from None
-            detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'inputs'}: {e['msg']}" for e in exc.errors()[:3])
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'inputs'}: {e['msg']}" for e in exc.errors()[:3]
+            )
             return StepResult(passed=False, message=f"{code} inputs invalid after placeholder resolution: {detail}")
         return spec.fn(inputs, self.ctx)
 
-    def _score(self, node: Node, status: Status | None, message: str, results: list[StepResult], records: list[StepRecord]):
+    def _score(
+        self, node: Node, status: Status | None, message: str, results: list[StepResult], records: list[StepRecord]
+    ):
         if status is not None and status != Status.FAILED:  # ERROR
             return 0.0, status, message
         if status == Status.FAILED:  # deadline
@@ -188,16 +241,24 @@ class Engine:
         passed = sum(1 for r in results if r.passed)
         all_passed = passed == k and len(results) == k
         first_failure = next((r for r in records if not r.passed), None)
-        fail_msg = f"step {first_failure.index} {first_failure.type} failed: {first_failure.message}" if first_failure else ""
+        fail_msg = (
+            f"step {first_failure.index} {first_failure.type} failed: {first_failure.message}" if first_failure else ""
+        )
         if node.method == "binary":
             score = scoring.binary_score(all_passed, node.max_score)
             return score, scoring.status_for(score, node.max_score, all_passed), fail_msg or f"{k}/{k} steps passed"
         if node.method == "weighted":
             score = scoring.weighted_score(passed, k, node.max_score)
-            return score, scoring.status_for(score, node.max_score, all_passed), f"{passed}/{k} steps passed" + (f"; {fail_msg}" if fail_msg else "")
+            return (
+                score,
+                scoring.status_for(score, node.max_score, all_passed),
+                f"{passed}/{k} steps passed" + (f"; {fail_msg}" if fail_msg else ""),
+            )
         # llm-judge
         judge = next((r for r in reversed(results) if r.judge_score is not None or r.judge_skipped), None)
-        evidence_failed = next((r for r in results if not r.passed and r.judge_score is None and not r.judge_skipped), None)
+        evidence_failed = next(
+            (r for r in results if not r.passed and r.judge_score is None and not r.judge_skipped), None
+        )
         if evidence_failed is not None:
             return 0.0, Status.FAILED, f"evidence step failed: {fail_msg}"
         if judge is None:
@@ -205,7 +266,11 @@ class Engine:
         if judge.judge_skipped:
             return 0.0, Status.SKIPPED_LLM, judge.message or "judge unavailable"
         score = round(scoring.judge_score(judge.judge_score or 0.0, judge.judge_range, node.max_score), 4)
-        return score, scoring.status_for(score, node.max_score, score > 0), judge.message or f"judge score {judge.judge_score}"
+        return (
+            score,
+            scoring.status_for(score, node.max_score, score > 0),
+            judge.message or f"judge score {judge.judge_score}",
+        )
 
     def _outputs(self, status: Status, score: float, response_before) -> dict:
         """What ``{{NODE.field}}`` can read: the node's captures, verdict and its own last response."""
@@ -242,8 +307,15 @@ def _ms(t0: float) -> float:
     return round((time.perf_counter() - t0) * 1000, 3)
 
 
-def build_report(dag: Dag, results: list[NodeResult], *, started_at: str, elapsed_s: float, ctx: RunContext | None = None,
-                 quarantined: list[str] | None = None) -> RunReport:
+def build_report(
+    dag: Dag,
+    results: list[NodeResult],
+    *,
+    started_at: str,
+    elapsed_s: float,
+    ctx: RunContext | None = None,
+    quarantined: list[str] | None = None,
+) -> RunReport:
     agg = scoring.aggregate(results)
     summary = Summary(
         task_score=agg.percent,
@@ -262,10 +334,16 @@ def build_report(dag: Dag, results: list[NodeResult], *, started_at: str, elapse
         base_url=ctx.target.base_url if ctx else None,
         compat=ctx.options.compat if ctx else "strict",
         started_at=started_at,
-        options={"node_timeout_s": ctx.options.node_timeout_s, "http_timeout_s": ctx.options.http_timeout_s,
-                 "max_response_bytes": ctx.options.max_response_bytes, "judge_enabled": ctx.options.judge_enabled,
-                 "judge_model": getattr(getattr(ctx.judge, "config", None), "model", None),
-                 **_exec_option(ctx)} if ctx else {},
+        options={
+            "node_timeout_s": ctx.options.node_timeout_s,
+            "http_timeout_s": ctx.options.http_timeout_s,
+            "max_response_bytes": ctx.options.max_response_bytes,
+            "judge_enabled": ctx.options.judge_enabled,
+            "judge_model": getattr(getattr(ctx.judge, "config", None), "model", None),
+            **_exec_option(ctx),
+        }
+        if ctx
+        else {},
         summary=summary,
         categories=scoring.group_by(results, lambda r: r.category),
         complexity_tiers=scoring.group_by(results, lambda r: r.complexity_tier),

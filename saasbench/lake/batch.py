@@ -68,8 +68,10 @@ def _units_of(name: str, tbl: pa.Table) -> dict[UnitKey, dict[str, Any]]:
     for row in distinct:
         key = (kind, *(row[c] for c in UNIT_COLUMNS[kind]))
         if key in out and out[key].get("task_id") != row.get("task_id"):
-            raise ValueError(f"{name}: trial {key[2]!r} of sweep {key[1]!r} has rows of two tasks "
-                             f"({out[key]['task_id']!r}, {row['task_id']!r})")
+            raise ValueError(
+                f"{name}: trial {key[2]!r} of sweep {key[1]!r} has rows of two tasks "
+                f"({out[key]['task_id']!r}, {row['task_id']!r})"
+            )
         for c in cols:
             S.check_id(row[c], c)
         out[key] = {"unit": kind, **row}
@@ -81,9 +83,15 @@ def _sorted(tbl: pa.Table) -> pa.Table:
     return tbl.take(pc.sort_indices(tbl, sort_keys=keys)) if keys and tbl.num_rows > 1 else tbl
 
 
-def write_batch(lake: Store | str, tables: Mapping[str, Any], *, max_file_rows: int = DEFAULT_FILE_ROWS,
-                sources: Mapping[UnitKey, tuple[str, str]] | None = None, hook: Hook | None = None,
-                workers: int = 4) -> Commit:
+def write_batch(
+    lake: Store | str,
+    tables: Mapping[str, Any],
+    *,
+    max_file_rows: int = DEFAULT_FILE_ROWS,
+    sources: Mapping[UnitKey, tuple[str, str]] | None = None,
+    hook: Hook | None = None,
+    workers: int = 4,
+) -> Commit:
     """Commit rows of many units at once as one batch.
 
     ``tables``: table name -> rows (a pyarrow Table or dicts), any tables of :data:`schema.TABLES`.
@@ -111,9 +119,11 @@ def write_batch(lake: Store | str, tables: Mapping[str, Any], *, max_file_rows: 
     if not units:
         raise ValueError("write_batch: no rows to write")
 
-    slices = [(name, i, tbl.slice(off, max_file_rows))
-              for name, tbl in sorted(built.items())
-              for i, off in enumerate(range(0, tbl.num_rows, max_file_rows))]
+    slices = [
+        (name, i, tbl.slice(off, max_file_rows))
+        for name, tbl in sorted(built.items())
+        for i, off in enumerate(range(0, tbl.num_rows, max_file_rows))
+    ]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:  # pyarrow encodes without the GIL
         datas = list(pool.map(lambda s: _parquet_bytes(s[2]), slices))
     h = hashlib.sha256()
@@ -121,8 +131,10 @@ def write_batch(lake: Store | str, tables: Mapping[str, Any], *, max_file_rows: 
         h.update(f"{name}/{i}".encode() + b"\0" + hashlib.sha256(data).digest())
     gen = h.hexdigest()[:16]
     batch_id = f"b-{gen}"
-    files = [{"table": name, "key": f"{name}/_batch/{batch_id}/part-{i:05d}.parquet", "rows": t.num_rows,
-              "bytes": len(data)} for (name, i, t), data in zip(slices, datas)]
+    files = [
+        {"table": name, "key": f"{name}/_batch/{batch_id}/part-{i:05d}.parquet", "rows": t.num_rows, "bytes": len(data)}
+        for (name, i, t), data in zip(slices, datas)
+    ]
 
     def put(item: tuple[dict[str, Any], bytes]) -> None:
         if hook:
@@ -137,10 +149,18 @@ def write_batch(lake: Store | str, tables: Mapping[str, Any], *, max_file_rows: 
         src_gen, src_at = (sources or {}).get(key, (gen, now))
         entries.append({**e, "source_generation": src_gen, "source_written_at": src_at})
     marker_key = batch_marker_key(batch_id)
-    marker = {"format": MARKER_FORMAT, "schema_version": S.SCHEMA_VERSION, "unit": "batch", "batch_id": batch_id,
-              "generation": gen, "written_at": now, "files": files, "units": entries,
-              "sweeps": sorted({k[1] for k in units if k[0] != "validation"}),
-              "has_validations": any(k[0] == "validation" for k in units)}
+    marker = {
+        "format": MARKER_FORMAT,
+        "schema_version": S.SCHEMA_VERSION,
+        "unit": "batch",
+        "batch_id": batch_id,
+        "generation": gen,
+        "written_at": now,
+        "files": files,
+        "units": entries,
+        "sweeps": sorted({k[1] for k in units if k[0] != "validation"}),
+        "has_validations": any(k[0] == "validation" for k in units),
+    }
     if hook:
         hook("before_marker", marker_key)
     store.put(marker_key, json.dumps(marker, sort_keys=True).encode())
@@ -161,8 +181,9 @@ class CompactResult:
         return self.batch is not None or bool(self.markers_deleted)
 
 
-def compact(lake: Store | str, *, sweep_id: str | None = None, max_file_rows: int = DEFAULT_FILE_ROWS,
-            hook: Hook | None = None) -> CompactResult:
+def compact(
+    lake: Store | str, *, sweep_id: str | None = None, max_file_rows: int = DEFAULT_FILE_ROWS, hook: Hook | None = None
+) -> CompactResult:
     """Rewrite the committed rows of the lake (or of one sweep) as one batch, then delete what it
     replaced: unit markers merged into it, batches it serves all units of, tombstones no batch
     needs any more. Crash-safe at every step; concurrent trial writes keep winning (newer)."""
@@ -229,8 +250,13 @@ def _delete_markers(store: Store, doomed: list[dict[str, Any]], result: CompactR
 DEFAULT_MAX_BATCHES = 8
 
 
-def merge_batches(lake: Store | str, *, max_batches: int = DEFAULT_MAX_BATCHES, max_file_rows: int = DEFAULT_FILE_ROWS,
-                  hook: Hook | None = None) -> CompactResult:
+def merge_batches(
+    lake: Store | str,
+    *,
+    max_batches: int = DEFAULT_MAX_BATCHES,
+    max_file_rows: int = DEFAULT_FILE_ROWS,
+    hook: Hook | None = None,
+) -> CompactResult:
     """Keep the lake at most ``max_batches`` batches: when more batches serve units, merge all but
     the largest into one. A finished sweep is compacted into its own batch, so without this a
     lake of 200 sweeps is 200 batches, and a report over all of them opens 200 files per table
@@ -248,13 +274,16 @@ def merge_batches(lake: Store | str, *, max_batches: int = DEFAULT_MAX_BATCHES, 
     result = CompactResult(batch=None)
     serving = {s.key for s in snap.winners.values() if s.batch}
     if len(serving) > max_batches:
-        rows = {m["marker"]: sum(int(f.get("rows", 0)) for f in m["files"]) for m in snap.markers
-                if m["marker"] in serving}
+        rows = {
+            m["marker"]: sum(int(f.get("rows", 0)) for f in m["files"]) for m in snap.markers if m["marker"] in serving
+        }
         chosen = serving - {max(serving, key=lambda b: (rows[b], b))}
-        part = Snapshot(markers=[m for m in snap.markers if m["marker"] in chosen],
-                        winners={k: s for k, s in snap.winners.items() if s.batch and s.key in chosen},
-                        batch_files={t: [e for e in entries if e[0] in chosen] for t, entries in snap.batch_files.items()},
-                        excluded={b: ks for b, ks in snap.excluded.items() if b in chosen})
+        part = Snapshot(
+            markers=[m for m in snap.markers if m["marker"] in chosen],
+            winners={k: s for k, s in snap.winners.items() if s.batch and s.key in chosen},
+            batch_files={t: [e for e in entries if e[0] in chosen] for t, entries in snap.batch_files.items()},
+            excluded={b: ks for b, ks in snap.excluded.items() if b in chosen},
+        )
         tables = _read_tables(connect_snapshot(store, part))
         sources = {k: (s.generation, s.written_at) for k, s in part.winners.items()}
         result.batch = write_batch(store, tables, max_file_rows=max_file_rows, sources=sources, hook=hook)
@@ -264,4 +293,3 @@ def merge_batches(lake: Store | str, *, max_batches: int = DEFAULT_MAX_BATCHES, 
         hook("before_cleanup", "")
     _delete_markers(store, list(snap.dead_batches), result)
     return result
-

@@ -58,7 +58,9 @@ def empty_select(table: str) -> str:
     return f"SELECT {cols} WHERE false"
 
 
-def committed_files(lake: Store | str, *, sweep_id: str | None = None) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
+def committed_files(
+    lake: Store | str, *, sweep_id: str | None = None
+) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
     """({table: [keys]}, markers) of every file that serves committed rows (optionally of one
     sweep + validations). Batch files may also hold rows other readers filter out."""
     snap = snapshot(lake_from_uri(lake), sweep_id=sweep_id)
@@ -71,8 +73,13 @@ def committed_files(lake: Store | str, *, sweep_id: str | None = None) -> tuple[
     return {k: sorted(set(v)) for k, v in files.items()}, snap.markers
 
 
-def connect(lake: Store | str | None = None, *, sweep_id: str | None = None,
-            con: duckdb.DuckDBPyConnection | None = None, tables: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    lake: Store | str | None = None,
+    *,
+    sweep_id: str | None = None,
+    con: duckdb.DuckDBPyConnection | None = None,
+    tables: Collection[str] | None = None,
+) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with a view per lake table (and ``commits``) over committed rows.
 
     ``lake``: path, ``file:///...``, ``s3://bucket/prefix`` or a Store (None: ``$SAASBENCH_LAKE``
@@ -100,9 +107,14 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = None,
-                     con: duckdb.DuckDBPyConnection | None = None,
-                     tables: Collection[str] | None = None) -> duckdb.DuckDBPyConnection:
+def connect_snapshot(
+    store: Store,
+    snap: Snapshot,
+    *,
+    sweep_id: str | None = None,
+    con: duckdb.DuckDBPyConnection | None = None,
+    tables: Collection[str] | None = None,
+) -> duckdb.DuckDBPyConnection:
     """Views over exactly the files of ``snap`` (see :mod:`saasbench.lake.snapshot`).
 
     Per table: ``<typed empty relation> UNION ALL BY NAME`` one ``read_parquet`` per schema
@@ -114,10 +126,18 @@ def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = Non
     con = con or duckdb.connect(config={"autoinstall_known_extensions": "false"})
     if snap.unit_files or snap.batch_files:
         store.configure_duckdb(con)
-    excl = [{"batch": b, "unit": k[0], "k1": k[1], "k2": k[2] if len(k) > 2 else None}
-            for b, keys in snap.excluded.items() for k in keys]
-    con.register("_saasbench_excluded_arrow", pa.Table.from_pylist(excl, schema=pa.schema(
-        [("batch", pa.string()), ("unit", pa.string()), ("k1", pa.string()), ("k2", pa.string())])))
+    excl = [
+        {"batch": b, "unit": k[0], "k1": k[1], "k2": k[2] if len(k) > 2 else None}
+        for b, keys in snap.excluded.items()
+        for k in keys
+    ]
+    con.register(
+        "_saasbench_excluded_arrow",
+        pa.Table.from_pylist(
+            excl,
+            schema=pa.schema([("batch", pa.string()), ("unit", pa.string()), ("k1", pa.string()), ("k2", pa.string())]),
+        ),
+    )
     con.register(ROLLUPS_MISSING, pa.table({"sweep_id": pa.array(sorted(snap.rollups_missing), pa.string())}))
     described: dict[tuple[str, int], set[str]] = {}
     unknown = set(tables or ()) - set(S.TABLES)
@@ -127,13 +147,23 @@ def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = Non
         if tables is not None and name not in tables:
             continue
         cols = UNIT_COLUMNS[t.unit]
-        only = f" WHERE sweep_id = {_quote(S.check_id(sweep_id, 'sweep_id'))}" if sweep_id and t.unit != "validation" else ""
+        only = (
+            f" WHERE sweep_id = {_quote(S.check_id(sweep_id, 'sweep_id'))}"
+            if sweep_id and t.unit != "validation"
+            else ""
+        )
         parts: list[str] = []
 
         def select(keys: list[str], ver: int, hive: bool, alias: str = "", name: str = name) -> str:
-            have = None if ver == S.SCHEMA_VERSION else described.setdefault((name, ver), _file_columns(con, store, keys[0]))
-            return f"SELECT {_columns_sql(name, have, alias)} FROM read_parquet({_paths(store, keys)}, " \
-                   f"hive_partitioning={'true' if hive else 'false'}){' ' + alias if alias else ''}"
+            have = (
+                None
+                if ver == S.SCHEMA_VERSION
+                else described.setdefault((name, ver), _file_columns(con, store, keys[0]))
+            )
+            return (
+                f"SELECT {_columns_sql(name, have, alias)} FROM read_parquet({_paths(store, keys)}, "
+                f"hive_partitioning={'true' if hive else 'false'}){' ' + alias if alias else ''}"
+            )
 
         for ver, keys in sorted(snap.unit_files.get(name, {}).items()):
             parts.append(select(keys, ver, True))
@@ -141,9 +171,11 @@ def connect_snapshot(store: Store, snap: Snapshot, *, sweep_id: str | None = Non
         for bkey, ver, keys in snap.batch_files.get(name, []):
             if bkey in snap.excluded:
                 on = " AND ".join(f"t.{_ident(c)} = e.k{i + 1}" for i, c in enumerate(cols))
-                parts.append(select(keys, ver, False, "t") +
-                             f" ANTI JOIN (SELECT k1, k2 FROM _saasbench_excluded_arrow WHERE batch = {_quote(bkey)} "
-                             f"AND unit = {_quote(t.unit)}) e ON {on}" + only.replace("sweep_id", "t.sweep_id"))
+                parts.append(
+                    select(keys, ver, False, "t")
+                    + f" ANTI JOIN (SELECT k1, k2 FROM _saasbench_excluded_arrow WHERE batch = {_quote(bkey)} "
+                    f"AND unit = {_quote(t.unit)}) e ON {on}" + only.replace("sweep_id", "t.sweep_id")
+                )
             else:
                 plain.setdefault(ver, []).extend(keys)
         for ver, keys in sorted(plain.items()):
@@ -182,18 +214,41 @@ def _paths(store: Store, keys: Sequence[str]) -> str:
 
 
 def _commits_view(con: duckdb.DuckDBPyConnection, markers: list[dict[str, Any]]) -> None:
-    rows = [{"unit": "deleted" if m.get("deleted") else m.get("unit"), "sweep_id": m.get("sweep_id"),
-             "trial_id": m.get("trial_id"),
-             "task_id": m.get("task_id"), "run_id": m.get("run_id"), "generation": m.get("generation"),
-             "written_at": m.get("written_at"), "marker": m.get("marker"),
-             "files": len(m["files"]), "rows": sum(int(f.get("rows", 0)) for f in m["files"])} for m in markers]
-    sch = pa.schema([("unit", pa.string()), ("sweep_id", pa.string()), ("trial_id", pa.string()),
-                     ("task_id", pa.string()), ("run_id", pa.string()), ("generation", pa.string()),
-                     ("written_at", pa.string()), ("marker", pa.string()), ("files", pa.int64()), ("rows", pa.int64())])
+    rows = [
+        {
+            "unit": "deleted" if m.get("deleted") else m.get("unit"),
+            "sweep_id": m.get("sweep_id"),
+            "trial_id": m.get("trial_id"),
+            "task_id": m.get("task_id"),
+            "run_id": m.get("run_id"),
+            "generation": m.get("generation"),
+            "written_at": m.get("written_at"),
+            "marker": m.get("marker"),
+            "files": len(m["files"]),
+            "rows": sum(int(f.get("rows", 0)) for f in m["files"]),
+        }
+        for m in markers
+    ]
+    sch = pa.schema(
+        [
+            ("unit", pa.string()),
+            ("sweep_id", pa.string()),
+            ("trial_id", pa.string()),
+            ("task_id", pa.string()),
+            ("run_id", pa.string()),
+            ("generation", pa.string()),
+            ("written_at", pa.string()),
+            ("marker", pa.string()),
+            ("files", pa.int64()),
+            ("rows", pa.int64()),
+        ]
+    )
     tbl = pa.Table.from_pylist(rows, schema=sch)
     con.register("_saasbench_commits_arrow", tbl)
-    con.execute("CREATE OR REPLACE TEMPORARY VIEW commits AS SELECT unit, sweep_id, trial_id, task_id, run_id, generation, "
-                "CAST(written_at AS TIMESTAMP WITH TIME ZONE) AS written_at, marker, files, rows FROM _saasbench_commits_arrow")
+    con.execute(
+        "CREATE OR REPLACE TEMPORARY VIEW commits AS SELECT unit, sweep_id, trial_id, task_id, run_id, generation, "
+        "CAST(written_at AS TIMESTAMP WITH TIME ZONE) AS written_at, marker, files, rows FROM _saasbench_commits_arrow"
+    )
 
 
 def _arrow(result: Any) -> pa.Table:
@@ -201,8 +256,13 @@ def _arrow(result: Any) -> pa.Table:
     return out.read_all() if isinstance(out, pa.RecordBatchReader) else out
 
 
-def query(lake: Store | str | None, sql: str, params: Sequence[Any] | dict[str, Any] | None = None, *,
-          sweep_id: str | None = None) -> pa.Table:
+def query(
+    lake: Store | str | None,
+    sql: str,
+    params: Sequence[Any] | dict[str, Any] | None = None,
+    *,
+    sweep_id: str | None = None,
+) -> pa.Table:
     """Run ``sql`` over the lake's views; ``params`` bind ``?`` / ``$name`` placeholders."""
     con = connect(lake, sweep_id=sweep_id)
     try:
@@ -226,14 +286,20 @@ def format_table(tbl: pa.Table, fmt: Format = "table", out: TextIO | None = None
     out = out or sys.stdout
     rows = tbl.to_pylist()
     if fmt == "json":
-        json.dump([{k: _jsonable(v) for k, v in r.items()} for r in rows], out, default=str, ensure_ascii=False, indent=1)
+        json.dump(
+            [{k: _jsonable(v) for k, v in r.items()} for r in rows], out, default=str, ensure_ascii=False, indent=1
+        )
         out.write("\n")
     elif fmt == "csv":
         w = csv.writer(out, lineterminator="\n")
         w.writerow(tbl.column_names)
         for r in rows:
-            w.writerow(["" if v is None else (json.dumps(v, default=str) if isinstance(v, (list, dict)) else _jsonable(v))
-                        for v in r.values()])
+            w.writerow(
+                [
+                    "" if v is None else (json.dumps(v, default=str) if isinstance(v, (list, dict)) else _jsonable(v))
+                    for v in r.values()
+                ]
+            )
     elif fmt == "table":
         from rich.console import Console
         from rich.table import Table
@@ -246,7 +312,7 @@ def format_table(tbl: pa.Table, fmt: Format = "table", out: TextIO | None = None
             cells = []
             for v in r.values():
                 s = "NULL" if v is None else str(_jsonable(v))
-                cells.append(Text(s if len(s) <= max_width else s[:max_width - 1] + "…"))  # Text: never markup
+                cells.append(Text(s if len(s) <= max_width else s[: max_width - 1] + "…"))  # Text: never markup
             t.add_row(*cells)
         console = Console(file=out, width=max(120, len(tbl.column_names) * 12)) if out is not sys.stdout else Console()
         console.print(t)
@@ -255,8 +321,14 @@ def format_table(tbl: pa.Table, fmt: Format = "table", out: TextIO | None = None
         raise ValueError(f"unknown format {fmt!r} (table, csv, json)")
 
 
-def query_cmd(sql: str, lake: str | None = None, format: Format = "table", *, sweep_id: str | None = None,
-              out: TextIO | None = None) -> int:
+def query_cmd(
+    sql: str,
+    lake: str | None = None,
+    format: Format = "table",
+    *,
+    sweep_id: str | None = None,
+    out: TextIO | None = None,
+) -> int:
     """The ``saasbench query "SQL"`` command: run SQL over the lake and print the result.
 
     ``lake`` defaults to ``$SAASBENCH_LAKE`` or ``runs/lake``. Returns the exit code (0 ok, 1 on a

@@ -24,7 +24,10 @@ from typing import Any
 from saasbench.lake import schema as S
 from saasbench.lake.writer import TrialRows
 
-_SECRET_KEY_RE = re.compile(r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credential|auth(orization)?|private[_-]?key|dsn)$", re.IGNORECASE)
+_SECRET_KEY_RE = re.compile(
+    r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credential|auth(orization)?|private[_-]?key|dsn)$",
+    re.IGNORECASE,
+)
 REDACTED = "***"
 _URL_PASSWORD_RE = re.compile(r"(://[^:/@\s]+:)[^@\s/]+@")
 
@@ -117,8 +120,14 @@ class TrialInfo:
             S.check_id(getattr(self, name), name)
 
     def key(self) -> dict[str, Any]:
-        return {"sweep_id": self.sweep_id, "trial_id": self.trial_id, "task_id": self.task_id,
-                "agent": self.agent, "model": self.model, "attempt": self.attempt}
+        return {
+            "sweep_id": self.sweep_id,
+            "trial_id": self.trial_id,
+            "task_id": self.task_id,
+            "agent": self.agent,
+            "model": self.model,
+            "attempt": self.attempt,
+        }
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -133,7 +142,9 @@ def _status(v: Any) -> str:
     return getattr(v, "value", v)
 
 
-def trial_row(info: TrialInfo, report: Any = None, trajectory: Any = None, judge_calls: Sequence[Any] = ()) -> dict[str, Any]:
+def trial_row(
+    info: TrialInfo, report: Any = None, trajectory: Any = None, judge_calls: Sequence[Any] = ()
+) -> dict[str, Any]:
     summary = _get(report, "summary")
     counts = _get(summary, "counts")
     started, ended = utc(info.started_at), utc(info.ended_at)
@@ -144,27 +155,47 @@ def trial_row(info: TrialInfo, report: Any = None, trajectory: Any = None, judge
     jt_out = [c for c in (_get(c, "tokens_out") for c in judge_calls) if c is not None]
     return {
         **info.key(),
-        "agent_version": info.agent_version if info.agent_version is not None else (_get(trajectory, "version") or None),
-        "category": info.category, "domain": info.domain, "complexity_tier": info.complexity_tier,
-        "outcome": info.outcome, "outcome_detail": cap(info.outcome_detail or _get(trajectory, "error"), S.MESSAGE_CAP),
+        "agent_version": info.agent_version
+        if info.agent_version is not None
+        else (_get(trajectory, "version") or None),
+        "category": info.category,
+        "domain": info.domain,
+        "complexity_tier": info.complexity_tier,
+        "outcome": info.outcome,
+        "outcome_detail": cap(info.outcome_detail or _get(trajectory, "error"), S.MESSAGE_CAP),
         "valid": info.outcome in S.VALID_OUTCOMES,
-        "started_at": started, "ended_at": ended, "wall_s": wall,
+        "started_at": started,
+        "ended_at": ended,
+        "wall_s": wall,
         "agent_wall_s": info.agent_wall_s if info.agent_wall_s is not None else _get(trajectory, "wall_s"),
         "eval_s": info.eval_s if info.eval_s is not None else _get(summary, "elapsed_s"),
-        "steps": _get(trajectory, "steps"), "tokens_in": _get(trajectory, "tokens_in"),
-        "tokens_out": _get(trajectory, "tokens_out"), "cost_usd": _get(trajectory, "cost_usd"),
-        "judge_tokens_in": sum(jt_in) if jt_in else None, "judge_tokens_out": sum(jt_out) if jt_out else None,
-        "task_score": _get(summary, "task_score"), "deterministic_score": _get(summary, "deterministic_score"),
-        "node_coverage": _get(summary, "node_coverage"), "score": _get(summary, "score"),
-        "max_score": _get(summary, "max_score"), "skipped_llm_max_score": _get(summary, "skipped_llm_max_score"),
+        "steps": _get(trajectory, "steps"),
+        "tokens_in": _get(trajectory, "tokens_in"),
+        "tokens_out": _get(trajectory, "tokens_out"),
+        "cost_usd": _get(trajectory, "cost_usd"),
+        "judge_tokens_in": sum(jt_in) if jt_in else None,
+        "judge_tokens_out": sum(jt_out) if jt_out else None,
+        "task_score": _get(summary, "task_score"),
+        "deterministic_score": _get(summary, "deterministic_score"),
+        "node_coverage": _get(summary, "node_coverage"),
+        "score": _get(summary, "score"),
+        "max_score": _get(summary, "max_score"),
+        "skipped_llm_max_score": _get(summary, "skipped_llm_max_score"),
         "total_nodes": _get(summary, "total_nodes"),
-        "passed_nodes": _get(counts, "PASSED"), "failed_nodes": _get(counts, "FAILED"),
-        "error_nodes": _get(counts, "ERROR"), "skipped_dependency_nodes": _get(counts, "SKIPPED_DEPENDENCY"),
-        "skipped_llm_nodes": _get(counts, "SKIPPED_LLM"), "quarantined_nodes": _get(counts, "QUARANTINED"),
-        "compat": _get(report, "compat"), "dag": _get(report, "dag"),
-        "app_ok": info.app_ok, "app_error": cap(info.app_error, S.MESSAGE_CAP),
-        "exit_reason": _get(trajectory, "exit_reason"), "report_uri": info.report_uri,
-        "harness_version": info.harness_version, "schema_version": S.SCHEMA_VERSION,
+        "passed_nodes": _get(counts, "PASSED"),
+        "failed_nodes": _get(counts, "FAILED"),
+        "error_nodes": _get(counts, "ERROR"),
+        "skipped_dependency_nodes": _get(counts, "SKIPPED_DEPENDENCY"),
+        "skipped_llm_nodes": _get(counts, "SKIPPED_LLM"),
+        "quarantined_nodes": _get(counts, "QUARANTINED"),
+        "compat": _get(report, "compat"),
+        "dag": _get(report, "dag"),
+        "app_ok": info.app_ok,
+        "app_error": cap(info.app_error, S.MESSAGE_CAP),
+        "exit_reason": _get(trajectory, "exit_reason"),
+        "report_uri": info.report_uri,
+        "harness_version": info.harness_version,
+        "schema_version": S.SCHEMA_VERSION,
     }
 
 
@@ -175,22 +206,39 @@ def node_rows(info: TrialInfo, report: Any) -> tuple[list[dict[str, Any]], list[
     for i, n in enumerate(_get(report, "nodes", []) or []):
         judge = _get(n, "judge") or {}
         node_steps = _get(n, "steps", []) or []
-        nodes.append({
-            **key, "node_id": _get(n, "id"), "node_index": i, "category": _get(n, "category"),
-            "subcategory": _get(n, "subcategory") or None, "method": _get(n, "method"),
-            "complexity_tier": _get(n, "complexity_tier"), "status": _status(_get(n, "status")),
-            "score": _get(n, "score"), "max_score": _get(n, "max_score"), "duration_ms": _get(n, "duration_ms"),
-            "message": cap(_get(n, "message"), S.MESSAGE_CAP), "steps": len(node_steps),
-            "judge_score": judge.get("score") if isinstance(judge, Mapping) else None,
-            "judge_skipped": bool(judge.get("skipped")) if isinstance(judge, Mapping) and judge else None,
-        })
+        nodes.append(
+            {
+                **key,
+                "node_id": _get(n, "id"),
+                "node_index": i,
+                "category": _get(n, "category"),
+                "subcategory": _get(n, "subcategory") or None,
+                "method": _get(n, "method"),
+                "complexity_tier": _get(n, "complexity_tier"),
+                "status": _status(_get(n, "status")),
+                "score": _get(n, "score"),
+                "max_score": _get(n, "max_score"),
+                "duration_ms": _get(n, "duration_ms"),
+                "message": cap(_get(n, "message"), S.MESSAGE_CAP),
+                "steps": len(node_steps),
+                "judge_score": judge.get("score") if isinstance(judge, Mapping) else None,
+                "judge_skipped": bool(judge.get("skipped")) if isinstance(judge, Mapping) and judge else None,
+            }
+        )
         for s in node_steps:
-            steps.append({
-                **key, "node_id": _get(n, "id"), "step_index": _get(s, "index"), "code": _get(s, "type"),
-                "passed": _get(s, "passed"), "error": _get(s, "error"), "duration_ms": _get(s, "duration_ms"),
-                "message": cap(_get(s, "message"), S.MESSAGE_CAP),
-                "evidence_json": to_json(_get(s, "evidence") or {}, S.EVIDENCE_CAP),
-            })
+            steps.append(
+                {
+                    **key,
+                    "node_id": _get(n, "id"),
+                    "step_index": _get(s, "index"),
+                    "code": _get(s, "type"),
+                    "passed": _get(s, "passed"),
+                    "error": _get(s, "error"),
+                    "duration_ms": _get(s, "duration_ms"),
+                    "message": cap(_get(s, "message"), S.MESSAGE_CAP),
+                    "evidence_json": to_json(_get(s, "evidence") or {}, S.EVIDENCE_CAP),
+                }
+            )
     return nodes, steps
 
 
@@ -199,18 +247,37 @@ def judge_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any
     for i, c in enumerate(calls):
         tags = _get(c, "tags") or {}
         rng = _get(c, "score_range") or (None, None)
-        out.append({
-            **info.key(), "call_index": i, "node_id": tags.get("node_id"), "rubric_id": _opt_str(tags.get("rubric_id")),
-            "at": utc(_get(c, "at")), "judge_model": _get(c, "model"), "prompt_hash": _get(c, "prompt_hash"),
-            "evidence_digest": _get(c, "evidence_digest"), "cache_key": _get(c, "cache_key"), "vote": _get(c, "vote"),
-            "rubric": cap(_get(c, "rubric"), S.JUDGE_TEXT_CAP), "score_min": rng[0], "score_max": rng[1],
-            "evidence_chars": _get(c, "evidence_chars"), "images": _get(c, "images"),
-            "raw_reply": cap(_get(c, "raw_reply"), S.JUDGE_TEXT_CAP), "score": _get(c, "score"),
-            "parsed_score": _get(c, "parsed_score"), "reply_form": _get(c, "reply_form"),
-            "reasoning": cap(_get(c, "reasoning"), S.JUDGE_TEXT_CAP), "latency_ms": _get(c, "latency_ms"),
-            "tokens_in": _get(c, "tokens_in"), "tokens_out": _get(c, "tokens_out"), "cached": _get(c, "cached"),
-            "attempts": _get(c, "attempts"), "error": cap(_get(c, "error"), S.MESSAGE_CAP), "tags_json": to_json(tags),
-        })
+        out.append(
+            {
+                **info.key(),
+                "call_index": i,
+                "node_id": tags.get("node_id"),
+                "rubric_id": _opt_str(tags.get("rubric_id")),
+                "at": utc(_get(c, "at")),
+                "judge_model": _get(c, "model"),
+                "prompt_hash": _get(c, "prompt_hash"),
+                "evidence_digest": _get(c, "evidence_digest"),
+                "cache_key": _get(c, "cache_key"),
+                "vote": _get(c, "vote"),
+                "rubric": cap(_get(c, "rubric"), S.JUDGE_TEXT_CAP),
+                "score_min": rng[0],
+                "score_max": rng[1],
+                "evidence_chars": _get(c, "evidence_chars"),
+                "images": _get(c, "images"),
+                "raw_reply": cap(_get(c, "raw_reply"), S.JUDGE_TEXT_CAP),
+                "score": _get(c, "score"),
+                "parsed_score": _get(c, "parsed_score"),
+                "reply_form": _get(c, "reply_form"),
+                "reasoning": cap(_get(c, "reasoning"), S.JUDGE_TEXT_CAP),
+                "latency_ms": _get(c, "latency_ms"),
+                "tokens_in": _get(c, "tokens_in"),
+                "tokens_out": _get(c, "tokens_out"),
+                "cached": _get(c, "cached"),
+                "attempts": _get(c, "attempts"),
+                "error": cap(_get(c, "error"), S.MESSAGE_CAP),
+                "tags_json": to_json(tags),
+            }
+        )
     return out
 
 
@@ -228,14 +295,23 @@ def trajectory_rows(info: TrialInfo, trajectory: Any) -> list[dict[str, Any]]:
         tool = data.pop("tool", None) or data.pop("tool_name", None)
         t_in, t_out = data.pop("tokens_in", None), data.pop("tokens_out", None)
         t_s = _get(ev, "t_s")
-        out.append({
-            **info.key(), "seq": seq, "t_s": t_s,
-            "ts": start + timedelta(seconds=t_s) if start is not None and t_s is not None else None,
-            "kind": _get(ev, "kind"), "role": _opt_str(role), "content": cap(text, S.CONTENT_CAP),
-            "content_chars": len(text), "truncated": len(text) > S.CONTENT_CAP, "tool": _opt_str(tool),
-            "tokens_in": t_in if isinstance(t_in, int) else None, "tokens_out": t_out if isinstance(t_out, int) else None,
-            "data_json": to_json(data, S.DATA_CAP) if data else None,
-        })
+        out.append(
+            {
+                **info.key(),
+                "seq": seq,
+                "t_s": t_s,
+                "ts": start + timedelta(seconds=t_s) if start is not None and t_s is not None else None,
+                "kind": _get(ev, "kind"),
+                "role": _opt_str(role),
+                "content": cap(text, S.CONTENT_CAP),
+                "content_chars": len(text),
+                "truncated": len(text) > S.CONTENT_CAP,
+                "tool": _opt_str(tool),
+                "tokens_in": t_in if isinstance(t_in, int) else None,
+                "tokens_out": t_out if isinstance(t_out, int) else None,
+                "data_json": to_json(data, S.DATA_CAP) if data else None,
+            }
+        )
     return out
 
 
@@ -260,23 +336,44 @@ def model_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any
     out = []
     for i, c in enumerate(calls):
         waits = _get(c, "retry_wait_s") or []
-        out.append({
-            **info.key(), "call_index": i, "call_id": _get(c, "call_id"), "session": _get(c, "session"),
-            "model_group": _get(c, "model_group"), "provider_model": _get(c, "provider_model"),
-            "api_base": _get(c, "api_base"), "call_type": _get(c, "call_type"), "stream": _get(c, "stream"),
-            "status": _get(c, "status"), "error_class": _get(c, "error_class"),
-            "error": cap(_get(c, "error"), S.CONTENT_CAP), "http_status": _get(c, "http_status"),
-            "tokens_in": _get(c, "prompt_tokens"), "tokens_out": _get(c, "completion_tokens"),
-            "cost_usd": _get(c, "cost_usd"), "started_at": utc(_get(c, "started_at")),
-            "ended_at": utc(_get(c, "ended_at")), "latency_ms": _get(c, "latency_ms"),
-            "attempts": _get(c, "attempts"), "retry_wait_s": float(sum(waits)),
-            "retried_errors": [str(e) for e in _get(c, "retried_errors") or []],
-        })
+        out.append(
+            {
+                **info.key(),
+                "call_index": i,
+                "call_id": _get(c, "call_id"),
+                "session": _get(c, "session"),
+                "model_group": _get(c, "model_group"),
+                "provider_model": _get(c, "provider_model"),
+                "api_base": _get(c, "api_base"),
+                "call_type": _get(c, "call_type"),
+                "stream": _get(c, "stream"),
+                "status": _get(c, "status"),
+                "error_class": _get(c, "error_class"),
+                "error": cap(_get(c, "error"), S.CONTENT_CAP),
+                "http_status": _get(c, "http_status"),
+                "tokens_in": _get(c, "prompt_tokens"),
+                "tokens_out": _get(c, "completion_tokens"),
+                "cost_usd": _get(c, "cost_usd"),
+                "started_at": utc(_get(c, "started_at")),
+                "ended_at": utc(_get(c, "ended_at")),
+                "latency_ms": _get(c, "latency_ms"),
+                "attempts": _get(c, "attempts"),
+                "retry_wait_s": float(sum(waits)),
+                "retried_errors": [str(e) for e in _get(c, "retried_errors") or []],
+            }
+        )
     return out
 
 
-def trial_rows(info: TrialInfo, report: Any = None, *, trajectory: Any = None, judge_calls: Sequence[Any] = (),
-               env_builds: Iterable[Mapping[str, Any]] = (), model_calls: Iterable[Any] = ()) -> TrialRows:
+def trial_rows(
+    info: TrialInfo,
+    report: Any = None,
+    *,
+    trajectory: Any = None,
+    judge_calls: Sequence[Any] = (),
+    env_builds: Iterable[Mapping[str, Any]] = (),
+    model_calls: Iterable[Any] = (),
+) -> TrialRows:
     """All rows of one trial. ``report`` may be None (the trial failed before evaluation);
     ``model_calls`` are the trial's requests through the model gateway (``Gateway.calls``)."""
     judge_calls = list(judge_calls)
@@ -287,22 +384,39 @@ def trial_rows(info: TrialInfo, report: Any = None, *, trajectory: Any = None, j
         metered = [c[col] for c in calls if c[col] is not None]
         if metered:
             trial[col] = sum(metered)
-    return TrialRows(info.sweep_id, info.trial_id, info.task_id, {
-        "trials": [trial],
-        "node_results": nodes,
-        "step_results": steps,
-        "judge_calls": judge_call_rows(info, judge_calls),
-        "env_builds": env_build_rows(info, env_builds),
-        "trajectory_events": trajectory_rows(info, trajectory) if trajectory is not None else [],
-        "model_calls": calls,
-    })
+    return TrialRows(
+        info.sweep_id,
+        info.trial_id,
+        info.task_id,
+        {
+            "trials": [trial],
+            "node_results": nodes,
+            "step_results": steps,
+            "judge_calls": judge_call_rows(info, judge_calls),
+            "env_builds": env_build_rows(info, env_builds),
+            "trajectory_events": trajectory_rows(info, trajectory) if trajectory is not None else [],
+            "model_calls": calls,
+        },
+    )
 
 
-def from_trial_result(result: Any, *, sweep_id: str, trial_id: str, task: Any = None, model: str | None = None,
-                      attempt: int = 0, outcome: str | None = None, outcome_detail: str | None = None,
-                      started_at: Any = None, ended_at: Any = None, judge_calls: Sequence[Any] = (),
-                      env_builds: Iterable[Mapping[str, Any]] = (), report_uri: str | None = None,
-                      model_calls: Iterable[Any] = ()) -> TrialRows:
+def from_trial_result(
+    result: Any,
+    *,
+    sweep_id: str,
+    trial_id: str,
+    task: Any = None,
+    model: str | None = None,
+    attempt: int = 0,
+    outcome: str | None = None,
+    outcome_detail: str | None = None,
+    started_at: Any = None,
+    ended_at: Any = None,
+    judge_calls: Sequence[Any] = (),
+    env_builds: Iterable[Mapping[str, Any]] = (),
+    report_uri: str | None = None,
+    model_calls: Iterable[Any] = (),
+) -> TrialRows:
     """Rows of a :class:`saasbench.runs.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
     domain, tier); ``outcome`` defaults to ``voided_cheat`` when the trial voided the rollout, else to
     the trajectory's exit reason (agent outcomes only: infra outcomes are decided by whoever raised
@@ -313,29 +427,57 @@ def from_trial_result(result: Any, *, sweep_id: str, trial_id: str, task: Any = 
     task_id = _get(spec, "id") or _get(report, "task_id")
     voided = getattr(result, "outcome", None) == "voided_cheat"
     info = TrialInfo(
-        sweep_id=sweep_id, trial_id=trial_id, task_id=task_id, agent=result.agent,
-        model=model if model is not None else _get(traj, "model"), attempt=attempt,
+        sweep_id=sweep_id,
+        trial_id=trial_id,
+        task_id=task_id,
+        agent=result.agent,
+        model=model if model is not None else _get(traj, "model"),
+        attempt=attempt,
         outcome=outcome or ("voided_cheat" if voided else None) or _get(traj, "exit_reason") or "completed",
         outcome_detail=outcome_detail if outcome_detail is not None else getattr(result, "outcome_detail", None),
-        category=_get(spec, "category") or None, domain=_get(spec, "domain"),
-        complexity_tier=_get(spec, "complexity_tier"), started_at=started_at, ended_at=ended_at,
-        app_ok=getattr(result, "app_ok", None), app_error=getattr(result, "app_error", None), report_uri=report_uri,
+        category=_get(spec, "category") or None,
+        domain=_get(spec, "domain"),
+        complexity_tier=_get(spec, "complexity_tier"),
+        started_at=started_at,
+        ended_at=ended_at,
+        app_ok=getattr(result, "app_ok", None),
+        app_error=getattr(result, "app_error", None),
+        report_uri=report_uri,
     )
-    return trial_rows(info, report, trajectory=traj, judge_calls=judge_calls or getattr(result, "judge_calls", None) or (),
-                      env_builds=env_builds, model_calls=model_calls)
+    return trial_rows(
+        info,
+        report,
+        trajectory=traj,
+        judge_calls=judge_calls or getattr(result, "judge_calls", None) or (),
+        env_builds=env_builds,
+        model_calls=model_calls,
+    )
 
 
-def sweep_row(sweep_id: str, *, config: Any = None, name: str | None = None, created_at: Any = None,
-              tasks: Sequence[str] = (), agents: Sequence[str] = (), models: Sequence[str] = (),
-              attempts: int | None = None) -> dict[str, Any]:
+def sweep_row(
+    sweep_id: str,
+    *,
+    config: Any = None,
+    name: str | None = None,
+    created_at: Any = None,
+    tasks: Sequence[str] = (),
+    agents: Sequence[str] = (),
+    models: Sequence[str] = (),
+    attempts: int | None = None,
+) -> dict[str, Any]:
     """The ``sweeps`` row. ``config`` (mapping or pydantic model) is stored as JSON with values
     under secret-looking keys replaced by ``***``."""
     return {
-        "sweep_id": S.check_id(sweep_id, "sweep_id"), "name": name,
+        "sweep_id": S.check_id(sweep_id, "sweep_id"),
+        "name": name,
         "created_at": utc(created_at) or datetime.now(UTC),
         "config_json": to_json(redact(config)) if config is not None else None,
-        "tasks": list(tasks), "agents": list(agents), "models": [m for m in models if m is not None],
-        "attempts": attempts, "harness_version": harness_version(), "host": socket.gethostname(),
+        "tasks": list(tasks),
+        "agents": list(agents),
+        "models": [m for m in models if m is not None],
+        "attempts": attempts,
+        "harness_version": harness_version(),
+        "host": socket.gethostname(),
         "schema_version": S.SCHEMA_VERSION,
     }
 
@@ -345,12 +487,26 @@ def validation_rows(report: Any, run_id: str) -> list[dict[str, Any]]:
     task_id = S.check_id(_get(report, "task_id"), "task_id")
     S.check_id(run_id, "run_id")
     started = utc(_get(report, "started_at"))
-    return [{
-        "task_id": task_id, "run_id": run_id, "dag": _get(report, "dag"), "started_at": started,
-        "node_id": _get(n, "id"), "category": _get(n, "category"), "method": _get(n, "method"),
-        "max_score": _get(n, "max_score"), "repeats": _get(report, "repeats"), "passed": _get(n, "passed"),
-        "counted": _get(n, "counted"), "pass_rate": _get(n, "pass_rate"), "verdict": _get(n, "verdict"),
-        "flaky_cause": _get(n, "flaky_cause"), "statuses": [_status(s) for s in _get(n, "statuses", [])],
-        "last_message": cap(_get(n, "last_message"), S.MESSAGE_CAP), "harness_version": harness_version(),
-        "schema_version": S.SCHEMA_VERSION,
-    } for n in _get(report, "nodes", [])]
+    return [
+        {
+            "task_id": task_id,
+            "run_id": run_id,
+            "dag": _get(report, "dag"),
+            "started_at": started,
+            "node_id": _get(n, "id"),
+            "category": _get(n, "category"),
+            "method": _get(n, "method"),
+            "max_score": _get(n, "max_score"),
+            "repeats": _get(report, "repeats"),
+            "passed": _get(n, "passed"),
+            "counted": _get(n, "counted"),
+            "pass_rate": _get(n, "pass_rate"),
+            "verdict": _get(n, "verdict"),
+            "flaky_cause": _get(n, "flaky_cause"),
+            "statuses": [_status(s) for s in _get(n, "statuses", [])],
+            "last_message": cap(_get(n, "last_message"), S.MESSAGE_CAP),
+            "harness_version": harness_version(),
+            "schema_version": S.SCHEMA_VERSION,
+        }
+        for n in _get(report, "nodes", [])
+    ]

@@ -27,8 +27,12 @@ EXCLUDED_STATUSES: tuple[str, ...] = ("SKIPPED_LLM", "QUARANTINED", "DRY_RUN")
 COUNT_COLUMNS: dict[str, str] = {s: s.lower() for s in S.NODE_STATUSES}
 SUM_COLUMNS: tuple[str, ...] = ("score", "max_score", "det_score", "det_max_score", "skipped_llm_max_score")
 _KEY = ("task_id", "agent", "model", "attempt")  # constant per trial: carried along
-_NODE_ORDER = [("sweep_id", "ascending"), ("trial_id", "ascending"), ("node_index", "ascending"),
-               ("node_id", "ascending")]
+_NODE_ORDER = [
+    ("sweep_id", "ascending"),
+    ("trial_id", "ascending"),
+    ("node_index", "ascending"),
+    ("node_id", "ascending"),
+]
 
 
 def node_rollups(nodes: pa.Table) -> pa.Table:
@@ -50,10 +54,13 @@ def node_rollups(nodes: pa.Table) -> pa.Table:
     zero = pa.scalar(0.0)
     det_out = pc.or_(excl, llm)
     cols: dict[str, pa.Array] = {
-        "sweep_id": nodes.column("sweep_id"), "trial_id": nodes.column("trial_id"),
+        "sweep_id": nodes.column("sweep_id"),
+        "trial_id": nodes.column("trial_id"),
         **{k: nodes.column(k) for k in _KEY},
-        "score": pc.if_else(excl, zero, score), "max_score": pc.if_else(excl, zero, mx),
-        "det_score": pc.if_else(det_out, zero, score), "det_max_score": pc.if_else(det_out, zero, mx),
+        "score": pc.if_else(excl, zero, score),
+        "max_score": pc.if_else(excl, zero, mx),
+        "det_score": pc.if_else(det_out, zero, score),
+        "det_max_score": pc.if_else(det_out, zero, mx),
         "skipped_llm_max_score": pc.if_else(pc.equal(st, "SKIPPED_LLM"), mx, zero),
         **{col: pc.equal(st, status).cast(pa.int64()) for status, col in COUNT_COLUMNS.items()},
         "other_status": pc.invert(pc.is_in(st, value_set=pa.array(S.NODE_STATUSES))).cast(pa.int64()),
@@ -62,16 +69,26 @@ def node_rollups(nodes: pa.Table) -> pa.Table:
     n = nodes.num_rows
     sums = [*SUM_COLUMNS, *COUNT_COLUMNS.values(), "other_status"]
     parts = []
-    for kind, key in (("trial", pa.array([""] * n, pa.string())),
-                      ("category", pc.fill_null(nodes.column("category"), "")),
-                      ("tier", nodes.column("complexity_tier"))):
-        g = base.append_column("key", key).group_by(["sweep_id", "trial_id", "key"], use_threads=False).aggregate(
-            [(c, "sum") for c in sums] + [(k, "first") for k in _KEY] + [([], "count_all")])
+    for kind, key in (
+        ("trial", pa.array([""] * n, pa.string())),
+        ("category", pc.fill_null(nodes.column("category"), "")),
+        ("tier", nodes.column("complexity_tier")),
+    ):
+        g = (
+            base.append_column("key", key)
+            .group_by(["sweep_id", "trial_id", "key"], use_threads=False)
+            .aggregate([(c, "sum") for c in sums] + [(k, "first") for k in _KEY] + [([], "count_all")])
+        )
         if kind == "tier":
             g = g.filter(pc.is_valid(g.column("key")))
-        out = {"sweep_id": g.column("sweep_id"), "trial_id": g.column("trial_id"),
-               **{k: g.column(f"{k}_first") for k in _KEY},
-               "kind": pa.array([kind] * g.num_rows, pa.string()), "key": g.column("key"),
-               "nodes": g.column("count_all"), **{c: g.column(f"{c}_sum") for c in sums}}
+        out = {
+            "sweep_id": g.column("sweep_id"),
+            "trial_id": g.column("trial_id"),
+            **{k: g.column(f"{k}_first") for k in _KEY},
+            "kind": pa.array([kind] * g.num_rows, pa.string()),
+            "key": g.column("key"),
+            "nodes": g.column("count_all"),
+            **{c: g.column(f"{c}_sum") for c in sums},
+        }
         parts.append(pa.table({f.name: out[f.name].cast(f.type) for f in S.NODE_ROLLUPS}, schema=S.NODE_ROLLUPS))
     return pa.concat_tables(parts)

@@ -42,8 +42,11 @@ MARKER_FORMAT = "saasbench-lake-commit/1"
 UnitKey = tuple[str, ...]  # ("trial", sweep_id, trial_id) | ("sweep", sweep_id) | ("validation", task_id, run_id)
 
 # the columns that identify a unit's rows, per unit kind
-UNIT_COLUMNS: dict[str, tuple[str, ...]] = {"trial": ("sweep_id", "trial_id"), "sweep": ("sweep_id",),
-                                            "validation": ("task_id", "run_id")}
+UNIT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "trial": ("sweep_id", "trial_id"),
+    "sweep": ("sweep_id",),
+    "validation": ("task_id", "run_id"),
+}
 
 
 def unit_key(m: dict[str, Any]) -> UnitKey | None:
@@ -88,16 +91,23 @@ def read_markers(store: Store, *, sweep_id: str | None = None) -> list[dict[str,
     if sweep_id is None:
         keys = store.list(f"{COMMITS}/")
     else:
-        keys = (store.list(f"{COMMITS}/sweep_id={S.check_id(sweep_id, 'sweep_id')}/")
-                + store.list(f"{COMMITS}/_validations/") + store.list(f"{BATCHES}/"))
+        keys = (
+            store.list(f"{COMMITS}/sweep_id={S.check_id(sweep_id, 'sweep_id')}/")
+            + store.list(f"{COMMITS}/_validations/")
+            + store.list(f"{BATCHES}/")
+        )
     keys = [k for k in keys if k.endswith(".json")]
     out = []
     for key, data in store.get_many(keys).items():
         m = parse_marker(key, data)
         if m is None:
             continue
-        if sweep_id is not None and m.get("unit") == "batch" and sweep_id not in m.get("sweeps", []) \
-                and not m.get("has_validations"):
+        if (
+            sweep_id is not None
+            and m.get("unit") == "batch"
+            and sweep_id not in m.get("sweeps", [])
+            and not m.get("has_validations")
+        ):
             continue
         out.append(m)
     return out
@@ -144,8 +154,11 @@ class Snapshot:
 
     def units(self, kind: str, *, sweep_id: str | None = None) -> list[UnitKey]:
         """Live (not deleted) units of a kind, optionally of one sweep."""
-        return [k for k, s in self.winners.items() if k[0] == kind and not s.deleted
-                and (sweep_id is None or kind == "validation" or k[1] == sweep_id)]
+        return [
+            k
+            for k, s in self.winners.items()
+            if k[0] == kind and not s.deleted and (sweep_id is None or kind == "validation" or k[1] == sweep_id)
+        ]
 
     def trial_ids(self, sweep_id: str) -> set[str]:
         return {k[2] for k in self.units("trial", sweep_id=sweep_id)}

@@ -177,8 +177,15 @@ class S3Store(Store):
     default chain; pass ``client`` to reuse a configured boto3 client.
     """
 
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
-                 region: str | None = None, client: Any = None):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        client: Any = None,
+    ):
         if not bucket:
             raise ValueError("S3Store needs a bucket")
         self.bucket = bucket
@@ -199,10 +206,13 @@ class S3Store(Store):
                 import boto3
                 from botocore.config import Config
 
-                cfg = Config(s3={"addressing_style": "path"} if self.endpoint_url else {},
-                             retries={"max_attempts": 5, "mode": "standard"})
+                cfg = Config(
+                    s3={"addressing_style": "path"} if self.endpoint_url else {},
+                    retries={"max_attempts": 5, "mode": "standard"},
+                )
                 self._client = boto3.session.Session().client(
-                    "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=cfg)
+                    "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=cfg
+                )
             return self._client
 
     def _key(self, key: str) -> str:
@@ -247,10 +257,11 @@ class S3Store(Store):
     def delete(self, keys: Iterable[str]) -> None:
         keys = [self._key(k) for k in keys]
         for i in range(0, len(keys), 1000):
-            batch = keys[i:i + 1000]
+            batch = keys[i : i + 1000]
             try:
-                self.client.delete_objects(Bucket=self.bucket,
-                                           Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+                )
             except Exception as exc:  # noqa: BLE001 - any botocore error, re-raised with the key
                 raise LakeStoreError(f"cannot delete under {self.uri}: {exc}") from None
 
@@ -306,7 +317,12 @@ def httpfs_extension_path() -> Path | None:
         import duckdb_extension_httpfs
     except ImportError:
         return None
-    p = Path(duckdb_extension_httpfs.__file__).parent / "extensions" / f"v{duckdb.__version__}" / "httpfs.duckdb_extension"
+    p = (
+        Path(duckdb_extension_httpfs.__file__).parent
+        / "extensions"
+        / f"v{duckdb.__version__}"
+        / "httpfs.duckdb_extension"
+    )
     return p if p.is_file() else None
 
 
@@ -321,7 +337,8 @@ def load_httpfs(con: Any) -> None:
             con.execute("LOAD httpfs")
     except Exception as exc:  # noqa: BLE001 - any DuckDB error, re-raised with the fix
         raise LakeStoreError(
-            f"DuckDB cannot load httpfs for S3 ({exc}); install duckdb-extension-httpfs=={_duckdb_version()}") from None
+            f"DuckDB cannot load httpfs for S3 ({exc}); install duckdb-extension-httpfs=={_duckdb_version()}"
+        ) from None
 
 
 def _duckdb_version() -> str:
@@ -331,12 +348,17 @@ def _duckdb_version() -> str:
 
 
 def s3_endpoint_from_env() -> str | None:
-    return (os.environ.get(ENV_ENDPOINT) or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL") or None)
+    return (
+        os.environ.get(ENV_ENDPOINT)
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
 
 
-def lake_from_uri(uri: str | os.PathLike[str] | Store | None = None, *, endpoint_url: str | None = None,
-                  region: str | None = None) -> Store:
+def lake_from_uri(
+    uri: str | os.PathLike[str] | Store | None = None, *, endpoint_url: str | None = None, region: str | None = None
+) -> Store:
     """A store for ``uri``: a path, ``file:///abs/path``, or ``s3://bucket/prefix``.
 
     None means ``$SAASBENCH_LAKE`` or ``runs/lake``. The S3 endpoint is ``endpoint_url``, else

@@ -101,8 +101,10 @@ def to_table(name: str, rows: Any) -> pa.Table:
         extra = set(rows.column_names) - set(sch.names)
         if extra:
             raise ValueError(f"{name}: unknown column(s) {sorted(extra)}")
-        cols = [rows.column(n) if n in rows.column_names else pa.nulls(rows.num_rows, f.type)
-                for n, f in zip(sch.names, sch)]
+        cols = [
+            rows.column(n) if n in rows.column_names else pa.nulls(rows.num_rows, f.type)
+            for n, f in zip(sch.names, sch)
+        ]
         return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(cols, sch)], schema=sch)
     rows = list(rows)
     for i, r in enumerate(rows):
@@ -141,15 +143,25 @@ def _check_ids(name: str, tbl: pa.Table, ids: Mapping[str, str]) -> None:
         if col in tbl.column_names and tbl.num_rows:
             got = set(tbl.column(col).to_pylist())
             if got != {want}:
-                raise ValueError(f"{name}: column {col} must be {want!r} in every row of this unit, got {sorted(map(str, got))}")
+                raise ValueError(
+                    f"{name}: column {col} must be {want!r} in every row of this unit, got {sorted(map(str, got))}"
+                )
 
 
 # --- the commit protocol -----------------------------------------------------------------------
 Hook = Callable[[str, str], None]
 
 
-def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping[str, Any], file_id: str,
-            ids_for_partition: Mapping[str, str], *, hook: Hook | None = None) -> Commit:
+def _commit(
+    store: Store,
+    marker_key: str,
+    unit: dict[str, Any],
+    tables: Mapping[str, Any],
+    file_id: str,
+    ids_for_partition: Mapping[str, str],
+    *,
+    hook: Hook | None = None,
+) -> Commit:
     built: list[tuple[str, pa.Table, bytes]] = []
     for name, rows in with_derived(tables).items():
         tbl = to_table(name, rows)
@@ -161,8 +173,15 @@ def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     gen = h.hexdigest()[:16]
 
-    files = [{"table": name, "key": f"{_part_dir(name, ids_for_partition)}/part-{file_id}.{gen}.parquet",
-              "rows": tbl.num_rows, "bytes": len(data)} for name, tbl, data in built]
+    files = [
+        {
+            "table": name,
+            "key": f"{_part_dir(name, ids_for_partition)}/part-{file_id}.{gen}.parquet",
+            "rows": tbl.num_rows,
+            "bytes": len(data),
+        }
+        for name, tbl, data in built
+    ]
     old = read_marker(store, marker_key)
 
     for f, (_name, _tbl, data) in zip(files, built):
@@ -171,9 +190,14 @@ def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping
         store.put(f["key"], data)
     if hook:
         hook("before_marker", marker_key)
-    marker = {"format": MARKER_FORMAT, "schema_version": S.SCHEMA_VERSION, **unit, "generation": gen,
-              "written_at": _now(),
-              "files": files}
+    marker = {
+        "format": MARKER_FORMAT,
+        "schema_version": S.SCHEMA_VERSION,
+        **unit,
+        "generation": gen,
+        "written_at": _now(),
+        "files": files,
+    }
     store.put(marker_key, json.dumps(marker, sort_keys=True).encode())
 
     # clean up: files of earlier writes of this unit that the new marker does not list
@@ -183,7 +207,7 @@ def _commit(store: Store, marker_key: str, unit: dict[str, Any], tables: Mapping
     for name in unit_tables:
         d = _part_dir(name, ids_for_partition) + "/"
         for key in store.list(d + f"part-{file_id}."):
-            m = _PART_RE.match(key[len(d):])
+            m = _PART_RE.match(key[len(d) :])
             if m and m.group("id") == file_id and key not in keep:
                 stale.add(key)
     if stale:
@@ -205,7 +229,9 @@ def write_trial(lake: Store | str, rows: TrialRows, *, hook: Hook | None = None)
     ids = {"sweep_id": S.check_id(rows.sweep_id, "sweep_id"), "task_id": S.check_id(rows.task_id, "task_id")}
     S.check_id(rows.trial_id, "trial_id")
     unit = {"unit": "trial", "sweep_id": rows.sweep_id, "trial_id": rows.trial_id, "task_id": rows.task_id}
-    return _commit(store, trial_marker_key(rows.sweep_id, rows.trial_id), unit, rows.tables, rows.trial_id, ids, hook=hook)
+    return _commit(
+        store, trial_marker_key(rows.sweep_id, rows.trial_id), unit, rows.tables, rows.trial_id, ids, hook=hook
+    )
 
 
 def write_sweep(lake: Store | str, row: Mapping[str, Any], *, hook: Hook | None = None) -> Commit:
@@ -213,16 +239,24 @@ def write_sweep(lake: Store | str, row: Mapping[str, Any], *, hook: Hook | None 
     store = lake_from_uri(lake)
     sweep_id = S.check_id(row["sweep_id"], "sweep_id")
     unit = {"unit": "sweep", "sweep_id": sweep_id}
-    return _commit(store, sweep_marker_key(sweep_id), unit, {"sweeps": [dict(row)]}, sweep_id,
-                   {"sweep_id": sweep_id}, hook=hook)
+    return _commit(
+        store, sweep_marker_key(sweep_id), unit, {"sweeps": [dict(row)]}, sweep_id, {"sweep_id": sweep_id}, hook=hook
+    )
 
 
 def write_validation(lake: Store | str, task_id: str, run_id: str, rows: Any, *, hook: Hook | None = None) -> Commit:
     """Write (or replace) the ``reference_validations`` rows of one validate-reference run."""
     store = lake_from_uri(lake)
     unit = {"unit": "validation", "task_id": S.check_id(task_id, "task_id"), "run_id": S.check_id(run_id, "run_id")}
-    return _commit(store, validation_marker_key(task_id, run_id), unit, {"reference_validations": rows}, run_id,
-                   {"task_id": task_id}, hook=hook)
+    return _commit(
+        store,
+        validation_marker_key(task_id, run_id),
+        unit,
+        {"reference_validations": rows},
+        run_id,
+        {"task_id": task_id},
+        hook=hook,
+    )
 
 
 # --- reading markers ---------------------------------------------------------------------------
@@ -258,8 +292,12 @@ def vacuum(lake: Store | str, *, older_than_s: float = 3600.0, dry_run: bool = F
     store = lake_from_uri(lake)
     listed = {f["key"] for m in list_commits(store) for f in m["files"]}
     cutoff = time.time() - older_than_s
-    orphans = [key for name in S.TABLES for key, mtime in store.list_info(name + "/")
-               if key.endswith(".parquet") and key not in listed and mtime <= cutoff]
+    orphans = [
+        key
+        for name in S.TABLES
+        for key, mtime in store.list_info(name + "/")
+        if key.endswith(".parquet") and key not in listed and mtime <= cutoff
+    ]
     if orphans and not dry_run:
         store.delete(orphans)
     return orphans
@@ -278,9 +316,18 @@ def delete_trial(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
     m = read_marker(store, key)
     unit = ("trial", sweep_id, trial_id)
     if win.batch or any(unit in held for held in snap.excluded.values()):  # a batch holds its rows: hide them
-        tomb = {"format": MARKER_FORMAT, "schema_version": S.SCHEMA_VERSION, "unit": "trial", "sweep_id": sweep_id,
-                "trial_id": trial_id, "task_id": _task_of(win, trial_id) if win.batch else win.marker.get("task_id"),
-                "deleted": True, "generation": "deleted", "written_at": _now(), "files": []}
+        tomb = {
+            "format": MARKER_FORMAT,
+            "schema_version": S.SCHEMA_VERSION,
+            "unit": "trial",
+            "sweep_id": sweep_id,
+            "trial_id": trial_id,
+            "task_id": _task_of(win, trial_id) if win.batch else win.marker.get("task_id"),
+            "deleted": True,
+            "generation": "deleted",
+            "written_at": _now(),
+            "files": [],
+        }
         store.put(key, json.dumps(tomb, sort_keys=True).encode())
     else:
         store.delete([key])

@@ -74,10 +74,36 @@ MESSAGE_CHARS = 2000
 
 Scope = Literal["all", "valid"]
 
-TRIAL_COLUMNS = ("sweep_id", "trial_id", "task_id", "agent", "model", "attempt", "domain", "outcome",
-                 "task_score", "deterministic_score")
-NODE_COLUMNS = ("sweep_id", "trial_id", "task_id", "agent", "model", "attempt", "node_id", "node_index", "category",
-                "subcategory", "method", "complexity_tier", "status", "score", "max_score", "message")
+TRIAL_COLUMNS = (
+    "sweep_id",
+    "trial_id",
+    "task_id",
+    "agent",
+    "model",
+    "attempt",
+    "domain",
+    "outcome",
+    "task_score",
+    "deterministic_score",
+)
+NODE_COLUMNS = (
+    "sweep_id",
+    "trial_id",
+    "task_id",
+    "agent",
+    "model",
+    "attempt",
+    "node_id",
+    "node_index",
+    "category",
+    "subcategory",
+    "method",
+    "complexity_tier",
+    "status",
+    "score",
+    "max_score",
+    "message",
+)
 
 
 # --- result models ----------------------------------------------------------------------------
@@ -170,10 +196,12 @@ class SweepReport(BaseModel):
     unknown_category_nodes: int
     trajectory_available: bool
     node_issues: list[NodeIssue] = Field(
-        default_factory=list, description=f"up to {MAX_ISSUES} nodes not PASSED (evaluation order), messages capped")
+        default_factory=list, description=f"up to {MAX_ISSUES} nodes not PASSED (evaluation order), messages capped"
+    )
     orphan_node_rows: int = Field(0, description="node_results rows whose trial has no trials row (not scored)")
     score_mismatches: list[ScoreMismatch] = Field(
-        default_factory=list, description="trials whose stored task_score differs from scoring.py on their node rows")
+        default_factory=list, description="trials whose stored task_score differs from scoring.py on their node rows"
+    )
 
 
 class NodeChange(BaseModel):
@@ -259,11 +287,19 @@ def load_rows(con, sweeps: Sequence[str]) -> tuple[list[dict[str, Any]], list[di
     have = _columns(con, "trials")
     traj = "trajectory" in have
     tcols = [c for c in TRIAL_COLUMNS if c in have] + (["trajectory"] if traj else [])
-    trials = _fetch(con, f"SELECT {', '.join(tcols)} FROM trials WHERE sweep_id IN ({marks}) "
-                         "ORDER BY sweep_id, task_id, agent, model, attempt, trial_id", sweeps)
+    trials = _fetch(
+        con,
+        f"SELECT {', '.join(tcols)} FROM trials WHERE sweep_id IN ({marks}) "
+        "ORDER BY sweep_id, task_id, agent, model, attempt, trial_id",
+        sweeps,
+    )
     ncols = [c for c in NODE_COLUMNS if c in _columns(con, "node_results")]
-    nodes = _fetch(con, f"SELECT {', '.join(ncols)} FROM node_results WHERE sweep_id IN ({marks}) "
-                        "ORDER BY sweep_id, trial_id, node_index, node_id", sweeps)
+    nodes = _fetch(
+        con,
+        f"SELECT {', '.join(ncols)} FROM node_results WHERE sweep_id IN ({marks}) "
+        "ORDER BY sweep_id, trial_id, node_index, node_id",
+        sweeps,
+    )
     return trials, nodes, traj
 
 
@@ -292,6 +328,7 @@ class _Sums:
     """The sums behind an Aggregate. Per trial and group they add the group's nodes left to right
     in node order; pooled over trials they add the per-trial sums in trial order (the order
     ``node_rollups`` fixes; see :mod:`saasbench.lake.rollups`)."""
+
     score: float = 0.0
     max_score: float = 0.0
     skipped_llm_max_score: float = 0.0
@@ -324,8 +361,14 @@ def _add_sums(parts: Iterable[_Sums]) -> _Sums:
 
 
 def _agg(s: _Sums) -> Aggregate:
-    return Aggregate(score=round(s.score, 4), max_score=round(s.max_score, 4), percent=_pct(s.score, s.max_score),
-                     nodes=s.nodes, counts=Counts(**s.counts), skipped_llm_max_score=s.skipped_llm_max_score)
+    return Aggregate(
+        score=round(s.score, 4),
+        max_score=round(s.max_score, 4),
+        percent=_pct(s.score, s.max_score),
+        nodes=s.nodes,
+        counts=Counts(**s.counts),
+        skipped_llm_max_score=s.skipped_llm_max_score,
+    )
 
 
 @dataclass
@@ -352,7 +395,9 @@ def _macro_of(pairs: Iterable[tuple[str, float | None]]) -> tuple[float | None, 
     return scoring.benchmark_score(task_means.values()), len(task_means), task_means
 
 
-def _macro(trials: list[_Trial], per_trial: Callable[[_Trial], float | None]) -> tuple[float | None, int, dict[str, float]]:
+def _macro(
+    trials: list[_Trial], per_trial: Callable[[_Trial], float | None]
+) -> tuple[float | None, int, dict[str, float]]:
     """:func:`_macro_of` over trials."""
     return _macro_of((t.row["task_id"], per_trial(t)) for t in trials)
 
@@ -372,7 +417,9 @@ def group_percent(nodes: Sequence[NodeResult]) -> float | None:
     return _pct(s.score, s.max_score)
 
 
-def _group(trials: list[_Trial], key: Callable[[str], str | None] | None, attr: str = "category") -> dict[str, GroupScore]:
+def _group(
+    trials: list[_Trial], key: Callable[[str], str | None] | None, attr: str = "category"
+) -> dict[str, GroupScore]:
     """Per group: macro score over tasks (per-trial group percent, mean over attempts) and the
     pooled aggregate (per-trial group sums added in trial order). ``attr``: the node attribute
     grouped on (category, complexity_tier; None values left out). ``key`` maps categories to
@@ -484,21 +531,36 @@ def _score_trial(t: _Trial, traj: bool) -> TrialScore:
     ds = scoring.deterministic_score(t.nodes)
     outcome = r.get("outcome") or "completed"
     return TrialScore(
-        sweep_id=r["sweep_id"], trial_id=r["trial_id"], task_id=r["task_id"], agent=r.get("agent"),
-        model=r.get("model"), attempt=int(r.get("attempt") or 0), domain=r.get("domain"), outcome=outcome,
-        valid=outcome not in INFRA_OUTCOMES, trajectory=r.get("trajectory") if traj else None,
-        task_score=ts, deterministic_score=ds,
+        sweep_id=r["sweep_id"],
+        trial_id=r["trial_id"],
+        task_id=r["task_id"],
+        agent=r.get("agent"),
+        model=r.get("model"),
+        attempt=int(r.get("attempt") or 0),
+        domain=r.get("domain"),
+        outcome=outcome,
+        valid=outcome not in INFRA_OUTCOMES,
+        trajectory=r.get("trajectory") if traj else None,
+        task_score=ts,
+        deterministic_score=ds,
         effective_score=ts if ts is not None else 0.0,
         effective_deterministic=ds if ds is not None else 0.0,
-        node_coverage=scoring.node_coverage(t.nodes), nodes=len(t.nodes),
-        skipped_llm_max_score=agg.skipped_llm_max_score, counts=agg.counts,
+        node_coverage=scoring.node_coverage(t.nodes),
+        nodes=len(t.nodes),
+        skipped_llm_max_score=agg.skipped_llm_max_score,
+        counts=agg.counts,
         lake_task_score=r.get("task_score"),
     )
 
 
-def compute(trial_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]], *,
-            pass_threshold: float = DEFAULT_PASS_THRESHOLD, trajectory: bool = False,
-            sweeps: Sequence[str] = ()) -> SweepReport:
+def compute(
+    trial_rows: list[dict[str, Any]],
+    node_rows: list[dict[str, Any]],
+    *,
+    pass_threshold: float = DEFAULT_PASS_THRESHOLD,
+    trajectory: bool = False,
+    sweeps: Sequence[str] = (),
+) -> SweepReport:
     """The sweep report from plain rows (``trials`` and ``node_results`` columns of lake.schema)."""
     trials: dict[tuple[str, str], _Trial] = {}
     for r in trial_rows:
@@ -524,20 +586,31 @@ def compute(trial_rows: list[dict[str, Any]], node_rows: list[dict[str, Any]], *
     reports = []
     for (agent, model), ts in sorted(configs.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
         valid = [t for t in ts if t.score.valid]
-        reports.append(ConfigReport(
-            agent=agent, model=model,
-            outcome_counts=dict(sorted(Counter(t.score.outcome for t in ts).items())),
-            valid_trials=len(valid), infra_trials=len(ts) - len(valid),
-            all=_scope(ts, "all", pass_threshold, trajectory),
-            valid=_scope(valid, "valid", pass_threshold, trajectory),
-        ))
+        reports.append(
+            ConfigReport(
+                agent=agent,
+                model=model,
+                outcome_counts=dict(sorted(Counter(t.score.outcome for t in ts).items())),
+                valid_trials=len(valid),
+                infra_trials=len(ts) - len(valid),
+                all=_scope(ts, "all", pass_threshold, trajectory),
+                valid=_scope(valid, "valid", pass_threshold, trajectory),
+            )
+        )
     all_nodes = [n for t in trials.values() for n in t.nodes]
     unknown = unknown_categories(n.category for n in all_nodes)
     present = {t.row.get("domain") for t in trials.values() if t.row.get("domain")}
     issues = [
-        NodeIssue(trial_id=t.row["trial_id"], agent=t.row.get("agent"), model=t.row.get("model"),
-                  task_id=t.row["task_id"], node_id=n.id, category=n.category, status=n.status.value,
-                  message=n.message[:MESSAGE_CHARS])
+        NodeIssue(
+            trial_id=t.row["trial_id"],
+            agent=t.row.get("agent"),
+            model=t.row.get("model"),
+            task_id=t.row["task_id"],
+            node_id=n.id,
+            category=n.category,
+            status=n.status.value,
+            message=n.message[:MESSAGE_CHARS],
+        )
         for t, n in islice(((t, n) for t in trials.values() for n in t.nodes if n.status != Status.PASSED), MAX_ISSUES)
     ]
     return SweepReport(
@@ -561,7 +634,9 @@ def _close(a: float | None, b: float | None) -> bool:
     return abs(a - b) <= 0.01
 
 
-def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: float = DEFAULT_PASS_THRESHOLD) -> SweepReport:
+def sweep_report(
+    con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: float = DEFAULT_PASS_THRESHOLD
+) -> SweepReport:
     """Aggregate one or more sweeps. ``con_or_lake``: a DuckDB connection with lake views, or a lake URI.
 
     Reads the lake's per-trial ``node_rollups`` (:func:`_sql_report`); the result equals
@@ -571,8 +646,11 @@ def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: fl
     if not sweeps:
         raise ValueError("no sweep given")
     with gc_paused():  # ~10 objects per trial, no cycles: the collector's passes cost ~20%
-        con = (connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None, tables=REPORT_TABLES)
-               if _is_lake(con_or_lake) else con_or_lake)
+        con = (
+            connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None, tables=REPORT_TABLES)
+            if _is_lake(con_or_lake)
+            else con_or_lake
+        )
         report = _sql_report(con, sweeps, pass_threshold)
     if report is not None:
         return report
@@ -580,11 +658,14 @@ def sweep_report(con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: fl
     return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
 
 
-def sweep_report_reference(con_or_lake, sweeps: str | Sequence[str], *,
-                           pass_threshold: float = DEFAULT_PASS_THRESHOLD) -> SweepReport:
+def sweep_report_reference(
+    con_or_lake, sweeps: str | Sequence[str], *, pass_threshold: float = DEFAULT_PASS_THRESHOLD
+) -> SweepReport:
     """The reference path: node rows loaded into Python and scored with saasbench.evaluation.scoring (slow)."""
     sweeps = [sweeps] if isinstance(sweeps, str) else list(sweeps)
-    con = connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
+    con = (
+        connect(con_or_lake, sweep_id=sweeps[0] if len(sweeps) == 1 else None) if _is_lake(con_or_lake) else con_or_lake
+    )
     trials, nodes, traj = load_rows(con, sweeps)
     return compute(trials, nodes, pass_threshold=pass_threshold, trajectory=traj, sweeps=sweeps)
 
@@ -623,14 +704,23 @@ _EMPTY_SUMS: dict[str, Any] = {"nodes": 0, "ks": 0, "km": 0, "skm": 0, **{f"c_{k
 def _agg_from(r: dict[str, Any]) -> Aggregate:
     """The Aggregate of a group from its sums (same rounding as :func:`_agg`)."""
     s, m = r["ks"], r["km"]
-    return Aggregate(score=round(s, 4), max_score=round(m, 4), percent=_pct(s, m), nodes=r["nodes"],
-                     counts=Counts(**{k: r[f"c_{k}"] for k in _ST}), skipped_llm_max_score=r["skm"])
+    return Aggregate(
+        score=round(s, 4),
+        max_score=round(m, 4),
+        percent=_pct(s, m),
+        nodes=r["nodes"],
+        counts=Counts(**{k: r[f"c_{k}"] for k in _ST}),
+        skipped_llm_max_score=r["skm"],
+    )
 
 
 def _sum_table(tbl, keys: list[str], cols: Sequence[str] = _SUMS):
     """Per key: the sums of ``cols`` in input order (single-threaded hash sum), columns renamed back."""
-    res = tbl.select(list(dict.fromkeys([*keys, *cols]))).group_by(keys, use_threads=False).aggregate(
-        [(c, "sum") for c in cols])
+    res = (
+        tbl.select(list(dict.fromkeys([*keys, *cols])))
+        .group_by(keys, use_threads=False)
+        .aggregate([(c, "sum") for c in cols])
+    )
     return res.rename_columns([c.removesuffix("_sum") for c in res.column_names])
 
 
@@ -664,7 +754,8 @@ def _sql_report(con, sweeps: Sequence[str], pass_threshold: float) -> SweepRepor
         con.execute(
             f"CREATE OR REPLACE TEMPORARY TABLE {_T} AS SELECT COLUMNS(c -> c IN ({want_t})), "
             "row_number() OVER (ORDER BY sweep_id, task_id, agent, model, attempt, trial_id) - 1 AS tord "
-            f"FROM trials WHERE sweep_id IN ({in_sweeps})")
+            f"FROM trials WHERE sweep_id IN ({in_sweeps})"
+        )
         have_t = _columns(con, _T)
         if not set(TRIAL_COLUMNS) <= have_t:
             return None
@@ -698,15 +789,34 @@ def _rollup_source(con, sweeps: Sequence[str], quote: Callable[[str], str]) -> s
     if not set(LS.NODE_ROLLUPS.names) <= _columns(con, "node_rollups"):
         missing = set(sweeps)
     stored = [s for s in sweeps if s not in missing]
-    parts = [f"SELECT {cols} FROM node_rollups WHERE sweep_id IN ({', '.join(quote(s) for s in stored)})"] if stored else []
+    parts = (
+        [f"SELECT {cols} FROM node_rollups WHERE sweep_id IN ({', '.join(quote(s) for s in stored)})"] if stored else []
+    )
     redo = [s for s in sweeps if s in missing]
     if redo:
-        need = ("sweep_id", "trial_id", "task_id", "agent", "model", "attempt", "node_id", "node_index", "category",
-                "method", "complexity_tier", "status", "score", "max_score")
+        need = (
+            "sweep_id",
+            "trial_id",
+            "task_id",
+            "agent",
+            "model",
+            "attempt",
+            "node_id",
+            "node_index",
+            "category",
+            "method",
+            "complexity_tier",
+            "status",
+            "score",
+            "max_score",
+        )
         if not set(need) <= _columns(con, "node_results"):
             return None
-        nodes = _arrow(con.execute(f"SELECT {', '.join(need)} FROM node_results "
-                                   f"WHERE sweep_id IN ({', '.join(quote(s) for s in redo)})"))
+        nodes = _arrow(
+            con.execute(
+                f"SELECT {', '.join(need)} FROM node_results WHERE sweep_id IN ({', '.join(quote(s) for s in redo)})"
+            )
+        )
         con.register(f"{_R}_computed", node_rollups(nodes))
         parts.append(f"SELECT {cols} FROM {_R}_computed")
     return " UNION ALL ".join(parts) if parts else f"SELECT {cols} FROM node_rollups WHERE false"
@@ -715,12 +825,13 @@ def _rollup_source(con, sweeps: Sequence[str], quote: Callable[[str], str]) -> s
 @dataclass
 class _TrialCols:
     """The trials of a report in trial order (index = ``tord``), as plain columns."""
-    col: dict[str, list[Any]]          # sweep_id, trial_id, task_id, agent, model, domain, outcome, task_score, nodes
+
+    col: dict[str, list[Any]]  # sweep_id, trial_id, task_id, agent, model, domain, outcome, task_score, nodes
     outcomes: list[str]
     valid: list[bool]
     trajs: list[str | None]
-    eff: list[float]                   # effective score (0 without one)
-    effd: list[float]                  # effective deterministic score
+    eff: list[float]  # effective score (0 without one)
+    effd: list[float]  # effective deterministic score
     passed: list[int]
     cfg_index: dict[tuple[str | None, str | None], int]
     cfgs: list[int]
@@ -741,38 +852,51 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
         f"AS c_FAILED, CASE WHEN {v} THEN 0 ELSE r.error END AS c_ERROR, "
         f"CASE WHEN {v} THEN 0 ELSE r.skipped_dependency END AS c_SKIPPED_DEPENDENCY, r.skipped_llm AS c_SKIPPED_LLM, "
         "r.dry_run AS c_DRY_RUN, r.quarantined AS c_QUARANTINED, r.other_status AS other "
-        f"FROM ({source}) r LEFT JOIN {_T} t ON t.sweep_id = r.sweep_id AND t.trial_id = r.trial_id")
-    orphans, other = con.execute(f"SELECT coalesce(sum(nodes) FILTER (tord IS NULL AND kind = 0), 0), "
-                                 f"coalesce(sum(other) FILTER (tord IS NOT NULL AND kind = 0), 0) FROM {_R}").fetchone()
+        f"FROM ({source}) r LEFT JOIN {_T} t ON t.sweep_id = r.sweep_id AND t.trial_id = r.trial_id"
+    )
+    orphans, other = con.execute(
+        f"SELECT coalesce(sum(nodes) FILTER (tord IS NULL AND kind = 0), 0), "
+        f"coalesce(sum(other) FILTER (tord IS NOT NULL AND kind = 0), 0) FROM {_R}"
+    ).fetchone()
     if other:
         return None  # Status(...) raises on it in the reference path: let it
 
     # one row per trial in trial order, its rollup sums (0 without node rows)
     sums = ", ".join(f"coalesce(r.{c}, 0) AS {c}" for c in (*_SUMS, "dks", "dkm"))
-    tt = _arrow(con.execute(f"SELECT t.*, {sums} FROM {_T} t LEFT JOIN {_R} r ON r.tord = t.tord AND r.kind = 0 "
-                            "ORDER BY t.tord"))
+    tt = _arrow(
+        con.execute(
+            f"SELECT t.*, {sums} FROM {_T} t LEFT JOIN {_R} r ON r.tord = t.tord AND r.kind = 0 ORDER BY t.tord"
+        )
+    )
     trial_scores, mismatches, tc = _trial_scores(tt, traj)
     # per (trial, group) rows in trial order: categories, tiers
-    rows = _arrow(con.execute(f"SELECT * EXCLUDE (dks, dkm, other) FROM {_R} WHERE tord IS NOT NULL AND kind > 0 "
-                              "ORDER BY tord, kind, key"))
+    rows = _arrow(
+        con.execute(
+            f"SELECT * EXCLUDE (dks, dkm, other) FROM {_R} WHERE tord IS NOT NULL AND kind > 0 ORDER BY tord, kind, key"
+        )
+    )
     pooled, macro, cats, unknown_nodes = _group_sums(tt, rows, tc)
 
     by_kind: dict[tuple[str, int, str], list[Any]] = defaultdict(list)
-    for (scope, cfg, kind, key) in pooled:
+    for scope, cfg, kind, key in pooled:
         by_kind[(scope, cfg, kind)].append(key)
 
     def node_groups(scope: str, cfg: int, kind: str) -> dict[str, GroupScore]:
         out = {}
         for key in by_kind.get((scope, cfg, kind), []):
             means = macro.get((scope, cfg, kind, key), [])
-            out[key] = GroupScore(score=scoring.benchmark_score(means), pooled=_agg_from(pooled[(scope, cfg, kind, key)]),
-                                  tasks=len(means))
+            out[key] = GroupScore(
+                score=scoring.benchmark_score(means),
+                pooled=_agg_from(pooled[(scope, cfg, kind, key)]),
+                tasks=len(means),
+            )
         return out
 
     task_ids = tc.col["task_id"]
 
-    def by_attr(idx: list[int], scope: str, cfg: int, values: list[Any], kind: str,
-                order: Sequence[str] = ()) -> dict[str, GroupScore]:
+    def by_attr(
+        idx: list[int], scope: str, cfg: int, values: list[Any], kind: str, order: Sequence[str] = ()
+    ) -> dict[str, GroupScore]:
         split: dict[str, list[int]] = {}
         for i in idx:
             if values[i]:
@@ -780,8 +904,9 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
         out = {}
         for k in [k for k in order if k in split] + sorted(set(split) - set(order)):
             score, ntasks, _ = _macro_of((task_ids[i], tc.eff[i]) for i in split[k])
-            out[k] = GroupScore(score=score, pooled=_agg_from(pooled.get((scope, cfg, kind, k), _EMPTY_SUMS)),
-                                tasks=ntasks)
+            out[k] = GroupScore(
+                score=score, pooled=_agg_from(pooled.get((scope, cfg, kind, k), _EMPTY_SUMS)), tasks=ntasks
+            )
         return out
 
     def summary(idx: list[int], scope: Scope, cfg: int) -> ScopeSummary:
@@ -791,7 +916,11 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
         pool = total["nodes"] - total["c_QUARANTINED"] - total["c_DRY_RUN"]
         bb = node_groups(scope, cfg, "backbones")
         return ScopeSummary(
-            scope=scope, trials=len(idx), tasks=ntasks, pass_at_1=p1, deterministic=det,
+            scope=scope,
+            trials=len(idx),
+            tasks=ntasks,
+            pass_at_1=p1,
+            deterministic=det,
             node_coverage=round(100 * total["c_PASSED"] / pool, 2) if pool else None,
             skipped_llm_max_score=round(total["skm"], 4),
             status_counts=Counts(**{k: total[f"c_{k}"] for k in _ST}),
@@ -811,12 +940,17 @@ def _rollup_compute(con, source: str, sweeps: Sequence[str], pass_threshold: flo
     for (agent, model), cfg in sorted(tc.cfg_index.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or "")):
         idx = by_cfg[cfg]
         vidx = [i for i in idx if tc.valid[i]]
-        reports.append(ConfigReport(
-            agent=agent, model=model,
-            outcome_counts=dict(sorted(Counter(tc.outcomes[i] for i in idx).items())),
-            valid_trials=len(vidx), infra_trials=len(idx) - len(vidx),
-            all=summary(idx, "all", cfg), valid=summary(vidx, "valid", cfg),
-        ))
+        reports.append(
+            ConfigReport(
+                agent=agent,
+                model=model,
+                outcome_counts=dict(sorted(Counter(tc.outcomes[i] for i in idx).items())),
+                valid_trials=len(vidx),
+                infra_trials=len(idx) - len(vidx),
+                all=summary(idx, "all", cfg),
+                valid=summary(vidx, "valid", cfg),
+            )
+        )
 
     present = {d for d in tc.col["domain"] if d}
     return SweepReport(
@@ -841,8 +975,10 @@ def _trial_scores(tt, traj: bool) -> tuple[list[TrialScore], list[ScoreMismatch]
     import pyarrow.compute as pc
 
     n = tt.num_rows
-    col = {c: tt.column(c).to_pylist() for c in ("sweep_id", "trial_id", "task_id", "agent", "model", "domain",
-                                                 "outcome", "task_score", "nodes")}
+    col = {
+        c: tt.column(c).to_pylist()
+        for c in ("sweep_id", "trial_id", "task_id", "agent", "model", "domain", "outcome", "task_score", "nodes")
+    }
     outcomes = [o or "completed" for o in col["outcome"]]
     valid = [o not in INFRA_OUTCOMES for o in outcomes]
     trajs = tt.column("trajectory").to_pylist() if traj else [None] * n
@@ -852,25 +988,55 @@ def _trial_scores(tt, traj: bool) -> tuple[list[TrialScore], list[ScoreMismatch]
     eff = pc.fill_null(ts_arr, 0.0).to_pylist()
     effd = pc.fill_null(ds_arr, 0.0).to_pylist()
     counts = pa.StructArray.from_arrays([tt.column(f"c_{k}").combine_chunks() for k in _ST], names=list(_ST))
-    trial_table = pa.table({
-        "sweep_id": tt.column("sweep_id"), "trial_id": tt.column("trial_id"), "task_id": tt.column("task_id"),
-        "agent": tt.column("agent"), "model": tt.column("model"), "attempt": pc.fill_null(tt.column("attempt"), 0),
-        "domain": tt.column("domain"), "outcome": pa.array(outcomes, pa.string()), "valid": pa.array(valid, pa.bool_()),
-        "trajectory": pa.array(trajs, pa.string()), "task_score": ts_arr, "deterministic_score": ds_arr,
-        "effective_score": pa.array(eff, pa.float64()), "effective_deterministic": pa.array(effd, pa.float64()),
-        "node_coverage": _pct_array(tt.column("c_PASSED"), pool), "nodes": tt.column("nodes"),
-        "skipped_llm_max_score": tt.column("skm"), "counts": counts, "lake_task_score": tt.column("task_score")})
+    trial_table = pa.table(
+        {
+            "sweep_id": tt.column("sweep_id"),
+            "trial_id": tt.column("trial_id"),
+            "task_id": tt.column("task_id"),
+            "agent": tt.column("agent"),
+            "model": tt.column("model"),
+            "attempt": pc.fill_null(tt.column("attempt"), 0),
+            "domain": tt.column("domain"),
+            "outcome": pa.array(outcomes, pa.string()),
+            "valid": pa.array(valid, pa.bool_()),
+            "trajectory": pa.array(trajs, pa.string()),
+            "task_score": ts_arr,
+            "deterministic_score": ds_arr,
+            "effective_score": pa.array(eff, pa.float64()),
+            "effective_deterministic": pa.array(effd, pa.float64()),
+            "node_coverage": _pct_array(tt.column("c_PASSED"), pool),
+            "nodes": tt.column("nodes"),
+            "skipped_llm_max_score": tt.column("skm"),
+            "counts": counts,
+            "lake_task_score": tt.column("task_score"),
+        }
+    )
     trial_scores = _TRIAL_SCORES.validate_python(trial_table.to_pylist())  # one Rust-side validation of all rows
-    mismatches = [ScoreMismatch(trial_id=col["trial_id"][i], stored=col["task_score"][i], recomputed=ts[i])
-                  for i in range(n) if col["nodes"][i] and col["outcome"][i] != "voided_cheat"
-                  and not _close(col["task_score"][i], ts[i])]
+    mismatches = [
+        ScoreMismatch(trial_id=col["trial_id"][i], stored=col["task_score"][i], recomputed=ts[i])
+        for i in range(n)
+        if col["nodes"][i] and col["outcome"][i] != "voided_cheat" and not _close(col["task_score"][i], ts[i])
+    ]
     cfg_index: dict[tuple[str | None, str | None], int] = {}
     cfgs = [cfg_index.setdefault(am, len(cfg_index)) for am in zip(col["agent"], col["model"])]
     task_index: dict[str, int] = {}
     tasks = [task_index.setdefault(t, len(task_index)) for t in col["task_id"]]
-    return trial_scores, mismatches, _TrialCols(col=col, outcomes=outcomes, valid=valid, trajs=trajs, eff=eff, effd=effd,
-                                                passed=tt.column("c_PASSED").to_pylist(), cfg_index=cfg_index,
-                                                cfgs=cfgs, tasks=tasks)
+    return (
+        trial_scores,
+        mismatches,
+        _TrialCols(
+            col=col,
+            outcomes=outcomes,
+            valid=valid,
+            trajs=trajs,
+            eff=eff,
+            effd=effd,
+            passed=tt.column("c_PASSED").to_pylist(),
+            cfg_index=cfg_index,
+            cfgs=cfgs,
+            tasks=tasks,
+        ),
+    )
 
 
 _Key = tuple[str, int, str, Any]  # (scope, config, kind, group key)
@@ -883,10 +1049,13 @@ def _group_sums(tt, rows, tc: _TrialCols) -> tuple[dict[_Key, dict[str, Any]], d
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    attrs = {"cfg": pa.array(tc.cfgs, pa.int32()), "task": pa.array(tc.tasks, pa.int32()),
-             "is_valid": pa.array(tc.valid, pa.bool_()),
-             "domain": pa.array([d or None for d in tc.col["domain"]], pa.string()),
-             "traj": pa.array([x or None for x in tc.trajs], pa.string())}
+    attrs = {
+        "cfg": pa.array(tc.cfgs, pa.int32()),
+        "task": pa.array(tc.tasks, pa.int32()),
+        "is_valid": pa.array(tc.valid, pa.bool_()),
+        "domain": pa.array([d or None for d in tc.col["domain"]], pa.string()),
+        "traj": pa.array([x or None for x in tc.trajs], pa.string()),
+    }
 
     def with_attrs(tbl, names: Sequence[str]):
         idx = tbl.column("tord")
@@ -912,12 +1081,14 @@ def _group_sums(tt, rows, tc: _TrialCols) -> tuple[dict[_Key, dict[str, Any]], d
     traj_codes, traj_names = _codes(attrs["traj"])
     # every group of every kind in one table, each kind's rows in trial order; the 'valid' scope's
     # sums are the same sums with 0 added for infra trials (x + 0.0 == x: the order is kept)
-    kinds = {"total": (per_trial, pa.array([0] * per_trial.num_rows, pa.int32()), [""]),
-             "domains": (per_trial, dom_codes.take(per_trial.column("tord")), dom_names),
-             "trajectories": (per_trial, traj_codes.take(per_trial.column("tord")), traj_names),
-             "categories": (cat_rows, cat_rows.column("kc"), key_names),
-             "complexity_tiers": (tier_rows, tier_rows.column("kc"), key_names),
-             "backbones": (bb_rows, bb_rows.column("bc"), bb_names)}
+    kinds = {
+        "total": (per_trial, pa.array([0] * per_trial.num_rows, pa.int32()), [""]),
+        "domains": (per_trial, dom_codes.take(per_trial.column("tord")), dom_names),
+        "trajectories": (per_trial, traj_codes.take(per_trial.column("tord")), traj_names),
+        "categories": (cat_rows, cat_rows.column("kc"), key_names),
+        "complexity_tiers": (tier_rows, tier_rows.column("kc"), key_names),
+        "backbones": (bb_rows, bb_rows.column("bc"), bb_names),
+    }
     kind_names = list(kinds)
     names = [kn for _tbl, _code, kn in kinds.values()]
     parts = []
@@ -927,7 +1098,9 @@ def _group_sums(tt, rows, tc: _TrialCols) -> tuple[dict[_Key, dict[str, Any]], d
     every = with_attrs(pa.concat_tables(parts), ["cfg", "task", "is_valid"])
     is_valid = every.column("is_valid")
     for c in _SUMS:
-        every = every.append_column(f"{c}_v", pc.if_else(is_valid, every.column(c), pa.scalar(0, every.schema.field(c).type)))
+        every = every.append_column(
+            f"{c}_v", pc.if_else(is_valid, every.column(c), pa.scalar(0, every.schema.field(c).type))
+        )
     every = every.append_column("n_v", pc.cast(is_valid, pa.int64()))
     both = [*_SUMS, *(f"{c}_v" for c in _SUMS)]
     res = every.group_by(["cfg", "kind", "kc"], use_threads=False).aggregate([(c, "sum") for c in [*both, "n_v"]])
@@ -948,15 +1121,26 @@ def _group_sums(tt, rows, tc: _TrialCols) -> tuple[dict[_Key, dict[str, Any]], d
     m = m.filter(pc.and_(pc.is_in(m.column("kind"), value_set=node_kinds), pc.greater(m.column("km"), 0)))
     if m.num_rows:
         pct = round2(pc.divide(pc.multiply(m.column("ks"), 100.0), m.column("km")))
-        m = m.select(["cfg", "kind", "kc", "task", "tord", "n_v"]).append_column("pct", pct).append_column(
-            "pct_v", pc.if_else(m.column("is_valid"), pct, 0.0)).append_column(
-            "tord_v", pc.if_else(m.column("is_valid"), m.column("tord"), pa.scalar(None, m.schema.field("tord").type)))
+        m = (
+            m.select(["cfg", "kind", "kc", "task", "tord", "n_v"])
+            .append_column("pct", pct)
+            .append_column("pct_v", pc.if_else(m.column("is_valid"), pct, 0.0))
+            .append_column(
+                "tord_v",
+                pc.if_else(m.column("is_valid"), m.column("tord"), pa.scalar(None, m.schema.field("tord").type)),
+            )
+        )
         res = m.group_by(["cfg", "kind", "kc", "task"], use_threads=False).aggregate(
-            [("pct", "sum"), ("pct", "count"), ("tord", "min"), ("pct_v", "sum"), ("n_v", "sum"), ("tord_v", "min")])
-        for scope, order, total, cnt in (("all", "tord_min", "pct_sum", "pct_count"),
-                                         ("valid", "tord_v_min", "pct_v_sum", "n_v_sum")):
+            [("pct", "sum"), ("pct", "count"), ("tord", "min"), ("pct_v", "sum"), ("n_v", "sum"), ("tord_v", "min")]
+        )
+        for scope, order, total, cnt in (
+            ("all", "tord_min", "pct_sum", "pct_count"),
+            ("valid", "tord_v_min", "pct_v_sum", "n_v_sum"),
+        ):
             sel = res.take(pc.sort_indices(res, [(order, "ascending")]))
-            for cfg, kind, kc, t, n, first in zip(*(sel.column(c).to_pylist() for c in ("cfg", "kind", "kc", total, cnt, order))):
+            for cfg, kind, kc, t, n, first in zip(
+                *(sel.column(c).to_pylist() for c in ("cfg", "kind", "kc", total, cnt, order))
+            ):
                 if first is not None:
                     macro.setdefault((scope, cfg, kind_names[kind], names[kind][kc]), []).append(t / n)
     return pooled, macro, cats, unknown_nodes
@@ -999,24 +1183,40 @@ def _node_issues(con, col: dict[str, list[Any]], bad: list[int], quote: Callable
                 break
     if not need:
         return []
-    con.register(f"{_R}_issues", pa.table({
-        "tord": pa.array(need, pa.int64()),
-        "sweep_id": pa.array([col["sweep_id"][i] for i in need], pa.string()),
-        "trial_id": pa.array([col["trial_id"][i] for i in need], pa.string()),
-        "voided": pa.array([col["outcome"][i] == "voided_cheat" for i in need], pa.bool_())}))
+    con.register(
+        f"{_R}_issues",
+        pa.table(
+            {
+                "tord": pa.array(need, pa.int64()),
+                "sweep_id": pa.array([col["sweep_id"][i] for i in need], pa.string()),
+                "trial_id": pa.array([col["trial_id"][i] for i in need], pa.string()),
+                "voided": pa.array([col["outcome"][i] == "voided_cheat" for i in need], pa.bool_()),
+            }
+        ),
+    )
     sweeps = ", ".join(quote(s) for s in sorted({col["sweep_id"][i] for i in need}))
     trial_ids = ", ".join(quote(s) for s in sorted({col["trial_id"][i] for i in need}))
     st0 = "coalesce(nullif(n.status, ''), 'ERROR')"
     st = f"CASE WHEN sel.voided AND {st0} NOT IN {_EXCL_SQL} THEN 'FAILED' ELSE {st0} END"
     out = []
     for tord, node_id, cat, status, message in con.execute(
-            f"SELECT sel.tord, n.node_id, coalesce(n.category, '') AS cat, {st} AS st, n.message "
-            f"FROM node_results n JOIN {_R}_issues sel ON n.sweep_id = sel.sweep_id AND n.trial_id = sel.trial_id "
-            f"WHERE n.sweep_id IN ({sweeps}) AND n.trial_id IN ({trial_ids}) AND {st} <> 'PASSED' "
-            f"ORDER BY sel.tord, n.node_index, n.node_id LIMIT {MAX_ISSUES}").fetchall():
-        out.append(NodeIssue(trial_id=col["trial_id"][tord], agent=col["agent"][tord], model=col["model"][tord],
-                             task_id=col["task_id"][tord], node_id=str(node_id), category=cat, status=status,
-                             message=(message or "")[:MESSAGE_CHARS]))
+        f"SELECT sel.tord, n.node_id, coalesce(n.category, '') AS cat, {st} AS st, n.message "
+        f"FROM node_results n JOIN {_R}_issues sel ON n.sweep_id = sel.sweep_id AND n.trial_id = sel.trial_id "
+        f"WHERE n.sweep_id IN ({sweeps}) AND n.trial_id IN ({trial_ids}) AND {st} <> 'PASSED' "
+        f"ORDER BY sel.tord, n.node_index, n.node_id LIMIT {MAX_ISSUES}"
+    ).fetchall():
+        out.append(
+            NodeIssue(
+                trial_id=col["trial_id"][tord],
+                agent=col["agent"][tord],
+                model=col["model"][tord],
+                task_id=col["task_id"][tord],
+                node_id=str(node_id),
+                category=cat,
+                status=status,
+                message=(message or "")[:MESSAGE_CHARS],
+            )
+        )
     return out
 
 
@@ -1024,8 +1224,9 @@ _EXCL_SQL = "('" + "', '".join(sorted(_EXCLUDED_STATUSES)) + "')"
 
 
 # --- paired comparison of two sweeps ----------------------------------------------------------
-def bootstrap_ci(diffs: Sequence[float], *, resamples: int = 10_000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float] | None:
+def bootstrap_ci(
+    diffs: Sequence[float], *, resamples: int = 10_000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float] | None:
     """Percentile bootstrap CI of the mean (resample tasks with replacement; fixed seed: reproducible)."""
     if not diffs:
         return None
@@ -1043,8 +1244,9 @@ def bootstrap_ci(diffs: Sequence[float], *, resamples: int = 10_000, seed: int =
     return q(alpha), q(1 - alpha)
 
 
-def _node_status_by_cell(nodes: list[dict[str, Any]], valid_trials: set[str],
-                         voided: set[str]) -> dict[tuple, tuple[str, str | None, float]]:
+def _node_status_by_cell(
+    nodes: list[dict[str, Any]], valid_trials: set[str], voided: set[str]
+) -> dict[tuple, tuple[str, str | None, float]]:
     """(agent, model, task, node) -> (most common status, category, fraction of valid attempts PASSED).
     Nodes of voided_cheat trials count as FAILED (as in the scores)."""
     cells: dict[tuple, list[str]] = defaultdict(list)
@@ -1082,12 +1284,19 @@ def compare(con_or_lake, sweep_a: str, sweep_b: str, *, resamples: int = 10_000,
         tasks = sorted(set(sa) & set(sb))
         diffs = [sb[t] - sa[t] for t in tasks]
         ci = bootstrap_ci(diffs, resamples=resamples, seed=seed)
-        out.append(PairedComparison(
-            agent=key[0], model=key[1], tasks=len(tasks),
-            mean_a=_round(_mean(sa[t] for t in tasks)), mean_b=_round(_mean(sb[t] for t in tasks)),
-            mean_diff=_round(_mean(diffs)), ci_low=_round(ci[0]) if ci else None, ci_high=_round(ci[1]) if ci else None,
-            per_task={t: (round(sa[t], 4), round(sb[t], 4), round(sb[t] - sa[t], 4)) for t in tasks},
-        ))
+        out.append(
+            PairedComparison(
+                agent=key[0],
+                model=key[1],
+                tasks=len(tasks),
+                mean_a=_round(_mean(sa[t] for t in tasks)),
+                mean_b=_round(_mean(sb[t] for t in tasks)),
+                mean_diff=_round(_mean(diffs)),
+                ci_low=_round(ci[0]) if ci else None,
+                ci_high=_round(ci[1]) if ci else None,
+                per_task={t: (round(sa[t], 4), round(sb[t], 4), round(sb[t] - sa[t], 4)) for t in tasks},
+            )
+        )
     valid_a = {t.trial_id for t in ra.trials if t.valid}
     valid_b = {t.trial_id for t in rb.trials if t.valid}
     st_a = _node_status_by_cell(na, valid_a, {t.trial_id for t in ra.trials if t.outcome == "voided_cheat"})
@@ -1098,11 +1307,24 @@ def compare(con_or_lake, sweep_a: str, sweep_b: str, *, resamples: int = 10_000,
             continue
         pa_, pb_ = st_a[key][2] >= 0.5, st_b[key][2] >= 0.5
         if pa_ != pb_:
-            changes.append(NodeChange(agent=key[0], model=key[1], task_id=key[2], node_id=key[3],
-                                      category=st_b[key][1] or st_a[key][1], status_a=st_a[key][0],
-                                      status_b=st_b[key][0], change="gained" if pb_ else "lost"))
+            changes.append(
+                NodeChange(
+                    agent=key[0],
+                    model=key[1],
+                    task_id=key[2],
+                    node_id=key[3],
+                    category=st_b[key][1] or st_a[key][1],
+                    status_a=st_a[key][0],
+                    status_b=st_b[key][0],
+                    change="gained" if pb_ else "lost",
+                )
+            )
     return CompareReport(
-        sweep_a=sweep_a, sweep_b=sweep_b, resamples=resamples, seed=seed, configs=out,
+        sweep_a=sweep_a,
+        sweep_b=sweep_b,
+        resamples=resamples,
+        seed=seed,
+        configs=out,
         only_in_a=[config_label(*k) for k in sorted(set(ca) - set(cb), key=lambda k: (k[0] or "", k[1] or ""))],
         only_in_b=[config_label(*k) for k in sorted(set(cb) - set(ca), key=lambda k: (k[0] or "", k[1] or ""))],
         node_changes=changes,

@@ -84,8 +84,20 @@ from saasbench.services.net import pump
 if TYPE_CHECKING:
     from saasbench.agents.base import Agent
 
-__all__ = ["DEFAULT_BACKOFF_MAX_S", "DEFAULT_BACKOFF_MIN_S", "Gateway", "GatewayConfig", "GatewayEndpoint",
-           "GatewayError", "GatewayModel", "ModelCall", "TcpRelay", "TrialGateway", "agent_env_for", "key_trial"]
+__all__ = [
+    "DEFAULT_BACKOFF_MAX_S",
+    "DEFAULT_BACKOFF_MIN_S",
+    "Gateway",
+    "GatewayConfig",
+    "GatewayEndpoint",
+    "GatewayError",
+    "GatewayModel",
+    "ModelCall",
+    "TcpRelay",
+    "TrialGateway",
+    "agent_env_for",
+    "key_trial",
+]
 
 DEFAULT_BACKOFF_MIN_S = 10.0
 DEFAULT_BACKOFF_MAX_S = 60.0
@@ -94,8 +106,24 @@ HOOKS_MODULE = "saasbench_gateway_hooks"
 LLM_ROUTES = ("/chat/completions", "/completions", "/messages", "/responses", "/embeddings")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # host variables the proxy process inherits (besides the provider keys the config names)
-PASSTHROUGH = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR",
-               "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+PASSTHROUGH = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
 
 
 class GatewayError(EnvError):
@@ -114,10 +142,13 @@ class GatewayModel(BaseModel):
     api_key_env: str | None = Field(None, description="NAME of the host variable holding the provider key")
     input_cost_per_token: float | None = Field(None, ge=0, description="USD per prompt token (overrides the cost map)")
     output_cost_per_token: float | None = Field(None, ge=0, description="USD per completion token")
-    aliases: list[str] = Field(default_factory=list, description="More names served by the same deployment "
-                                                                 "(e.g. the small/fast model Claude Code asks for)")
-    params: dict[str, Any] = Field(default_factory=dict, description="Other litellm_params, e.g. "
-                                                                     "use_chat_completions_api: true")
+    aliases: list[str] = Field(
+        default_factory=list,
+        description="More names served by the same deployment (e.g. the small/fast model Claude Code asks for)",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Other litellm_params, e.g. use_chat_completions_api: true"
+    )
 
     @field_validator("api_key_env")
     @classmethod
@@ -161,8 +192,9 @@ class GatewayConfig(BaseModel):
     backoff_max_s: float = Field(DEFAULT_BACKOFF_MAX_S, gt=0, description="Longest retry wait")
     request_timeout_s: float = Field(600.0, gt=0, description="Timeout of one upstream attempt")
     startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for /health/liveliness")
-    workdir: str | None = Field(None, description="Folder for cfg.yaml, hooks, calls.jsonl, proxy.log "
-                                                  "(default: a fresh temporary folder)")
+    workdir: str | None = Field(
+        None, description="Folder for cfg.yaml, hooks, calls.jsonl, proxy.log (default: a fresh temporary folder)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -184,17 +216,29 @@ class GatewayConfig(BaseModel):
 
     def proxy_config(self) -> dict[str, Any]:
         """The LiteLLM proxy's config.yaml (no secrets: keys are ``os.environ/NAME`` references)."""
-        model_list = [{"model_name": name, "litellm_params": m.litellm_params()}
-                      for m in self.models for name in (m.name, *m.aliases)]
+        model_list = [
+            {"model_name": name, "litellm_params": m.litellm_params()}
+            for m in self.models
+            for name in (m.name, *m.aliases)
+        ]
         return {
             "model_list": model_list,
-            "litellm_settings": {"telemetry": False, "callbacks": f"{HOOKS_MODULE}.logger",
-                                 "turn_off_message_logging": True, "drop_params": True,
-                                 "request_timeout": self.request_timeout_s},
-            "router_settings": {"num_retries": self.num_retries, "disable_cooldowns": True,
-                                "timeout": self.request_timeout_s},
-            "general_settings": {"master_key": "os.environ/SAASBENCH_GATEWAY_MASTER_KEY",
-                                 "custom_auth": f"{HOOKS_MODULE}.user_api_key_auth"},
+            "litellm_settings": {
+                "telemetry": False,
+                "callbacks": f"{HOOKS_MODULE}.logger",
+                "turn_off_message_logging": True,
+                "drop_params": True,
+                "request_timeout": self.request_timeout_s,
+            },
+            "router_settings": {
+                "num_retries": self.num_retries,
+                "disable_cooldowns": True,
+                "timeout": self.request_timeout_s,
+            },
+            "general_settings": {
+                "master_key": "os.environ/SAASBENCH_GATEWAY_MASTER_KEY",
+                "custom_auth": f"{HOOKS_MODULE}.user_api_key_auth",
+            },
         }
 
 
@@ -260,22 +304,31 @@ def fold_calls(lines: list[dict[str, Any]]) -> list[ModelCall]:
         def pick(key: str, among: tuple[dict[str, Any], ...] = order_of_trust) -> Any:
             return next((e.get(key) for e in among if e.get(key) is not None), None)
 
-        out.append(ModelCall(
-            trial_id=pick("trial_id"), session=pick("session"), call_id=cid, model_group=pick("model_group"),
-            provider_model=pick("model"), api_base=pick("api_base"), call_type=pick("call_type"),
-            stream=pick("stream"), status="success" if success is not None else "failure",
-            error_class=None if success is not None else pick("error_class"),
-            error=None if success is not None else pick("error"),
-            http_status=None if success is not None else pick("http_status"),
-            prompt_tokens=int((success or {}).get("prompt_tokens") or 0),
-            completion_tokens=int((success or {}).get("completion_tokens") or 0),
-            cost_usd=float((success or {}).get("response_cost") or 0.0),
-            started_at=_ts(start), ended_at=_ts(end),
-            latency_ms=round((end - start) * 1000, 3) if start is not None and end is not None else None,
-            attempts=len(retries) + 1,
-            retry_wait_s=[float(r.get("wait_s") or 0.0) for r in retries],
-            retried_errors=[str(r.get("error_class") or "") for r in retries],
-        ))
+        out.append(
+            ModelCall(
+                trial_id=pick("trial_id"),
+                session=pick("session"),
+                call_id=cid,
+                model_group=pick("model_group"),
+                provider_model=pick("model"),
+                api_base=pick("api_base"),
+                call_type=pick("call_type"),
+                stream=pick("stream"),
+                status="success" if success is not None else "failure",
+                error_class=None if success is not None else pick("error_class"),
+                error=None if success is not None else pick("error"),
+                http_status=None if success is not None else pick("http_status"),
+                prompt_tokens=int((success or {}).get("prompt_tokens") or 0),
+                completion_tokens=int((success or {}).get("completion_tokens") or 0),
+                cost_usd=float((success or {}).get("response_cost") or 0.0),
+                started_at=_ts(start),
+                ended_at=_ts(end),
+                latency_ms=round((end - start) * 1000, 3) if start is not None and end is not None else None,
+                attempts=len(retries) + 1,
+                retry_wait_s=[float(r.get("wait_s") or 0.0) for r in retries],
+                retried_errors=[str(r.get("error_class") or "") for r in retries],
+            )
+        )
     return out
 
 
@@ -298,7 +351,7 @@ def key_trial(secret: bytes, key: str) -> tuple[str, str] | None:
     """(trial_id, session) of a valid virtual key, else None. Mirrored in the hooks module."""
     if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or "." not in key:
         return None
-    payload, _, mac = key[len(KEY_PREFIX):].rpartition(".")
+    payload, _, mac = key[len(KEY_PREFIX) :].rpartition(".")
     want = hmac.new(secret, payload.encode(), hashlib.sha256).hexdigest()[:32]
     if not hmac.compare_digest(mac, want):
         return None
@@ -312,8 +365,10 @@ def key_trial(secret: bytes, key: str) -> tuple[str, str] | None:
 # --- the module the proxy loads: auth, counting, backoff ---------------------------------------------------------
 # LiteLLM loads hooks by file path next to its config: this shim imports the real module
 # (saasbench/runs/gateway_hooks.py) into the proxy process, from the same saasbench the harness runs.
-HOOKS_SHIM = ("# written by saasbench.runs.gateway\nimport sys\nsys.path.insert(0, {root!r})\n"
-              "from saasbench.runs.gateway_hooks import *  # noqa: E402,F403\n")
+HOOKS_SHIM = (
+    "# written by saasbench.runs.gateway\nimport sys\nsys.path.insert(0, {root!r})\n"
+    "from saasbench.runs.gateway_hooks import *  # noqa: E402,F403\n"
+)
 
 
 # --- agents -----------------------------------------------------------------------------------------------------
@@ -329,8 +384,11 @@ def agent_env_for(agent_name: str, root_url: str, key: str, model: str | None = 
     root = root_url.rstrip("/")
     v1 = root + "/v1"
     if agent_name == "builtin":
-        env = {"SAASBENCH_AGENT_API_BASE": v1, "SAASBENCH_AGENT_API_KEY_ENV": "SAASBENCH_GATEWAY_KEY",
-               "SAASBENCH_GATEWAY_KEY": key}
+        env = {
+            "SAASBENCH_AGENT_API_BASE": v1,
+            "SAASBENCH_AGENT_API_KEY_ENV": "SAASBENCH_GATEWAY_KEY",
+            "SAASBENCH_GATEWAY_KEY": key,
+        }
         if model:
             env["SAASBENCH_AGENT_MODEL"] = f"openai/{model}"
         return env
@@ -397,13 +455,16 @@ class TrialGateway:
             return GatewayEndpoint(gw.advertised_url, self.api_key)
         host = getattr(env, "gateway_ip", None) or getattr(env, "receiver_bind_host", None)
         if not host:
-            raise GatewayError(f"environment {env!r} has no host-side address (gateway_ip) for the model gateway relay; "
-                               "set GatewayConfig.host/advertise_host to an address its containers reach")
+            raise GatewayError(
+                f"environment {env!r} has no host-side address (gateway_ip) for the model gateway relay; "
+                "set GatewayConfig.host/advertise_host to an address its containers reach"
+            )
         relay = TcpRelay(host, 0, gw.config.host if gw.config.host not in ("0.0.0.0", "::") else "127.0.0.1", gw.port)
         return GatewayEndpoint(f"http://{relay.host}:{relay.port}", self.api_key, relay.start())
 
-    def agent_env(self, agent_name: str, endpoint: GatewayEndpoint | None = None,
-                  model: str | None = None) -> dict[str, str]:
+    def agent_env(
+        self, agent_name: str, endpoint: GatewayEndpoint | None = None, model: str | None = None
+    ) -> dict[str, str]:
         """:func:`agent_env_for` this trial's key, at ``endpoint`` (from :meth:`open`, e.g. a relay into a
         Docker trial's network) or else the gateway's own (advertised) URL."""
         root = endpoint.root_url if endpoint is not None else self.gateway.advertised_url
@@ -478,17 +539,19 @@ class Gateway:
                     missing.append(m.api_key_env)
         if missing:
             raise GatewayError(f"provider key variable(s) unset: {', '.join(sorted(set(missing)))}")
-        env.update({
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no cost-map download
-            "LITELLM_LOG": settings.get("SAASBENCH_GATEWAY_LOG_LEVEL") or "ERROR",
-            "SAASBENCH_GATEWAY_CALLS": str(self.calls_path),
-            "SAASBENCH_GATEWAY_SECRET": self._secret.decode(),
-            "SAASBENCH_GATEWAY_MASTER_KEY": self.master_key,
-            "SAASBENCH_GATEWAY_BACKOFF_MIN_S": repr(self.config.backoff_min_s),
-            "SAASBENCH_GATEWAY_BACKOFF_MAX_S": repr(self.config.backoff_max_s),
-            "SAASBENCH_GATEWAY_NUM_RETRIES": str(self.config.num_retries),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no cost-map download
+                "LITELLM_LOG": settings.get("SAASBENCH_GATEWAY_LOG_LEVEL") or "ERROR",
+                "SAASBENCH_GATEWAY_CALLS": str(self.calls_path),
+                "SAASBENCH_GATEWAY_SECRET": self._secret.decode(),
+                "SAASBENCH_GATEWAY_MASTER_KEY": self.master_key,
+                "SAASBENCH_GATEWAY_BACKOFF_MIN_S": repr(self.config.backoff_min_s),
+                "SAASBENCH_GATEWAY_BACKOFF_MAX_S": repr(self.config.backoff_max_s),
+                "SAASBENCH_GATEWAY_NUM_RETRIES": str(self.config.num_retries),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         return env
 
     def start(self) -> Gateway:
@@ -499,7 +562,8 @@ class Gateway:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(yaml.safe_dump(self.config.proxy_config(), sort_keys=False), encoding="utf-8")
         (self.workdir / f"{HOOKS_MODULE}.py").write_text(
-            HOOKS_SHIM.format(root=str(Path(__file__).resolve().parents[2])), encoding="utf-8")
+            HOOKS_SHIM.format(root=str(Path(__file__).resolve().parents[2])), encoding="utf-8"
+        )
         self.calls_path.touch()
         env = self.proxy_env()
         if not self.port:
@@ -507,32 +571,53 @@ class Gateway:
                 self.port = _free_port(self.config.host)
             except OSError as exc:
                 raise GatewayError(f"cannot bind the gateway to {self.config.host}: {exc}") from exc
-        cmd = [*litellm_command(), "--config", str(self.config_path), "--host", self.config.host, "--port",
-               str(self.port), "--num_workers", "1"]
+        cmd = [
+            *litellm_command(),
+            "--config",
+            str(self.config_path),
+            "--host",
+            self.config.host,
+            "--port",
+            str(self.port),
+            "--num_workers",
+            "1",
+        ]
         self._log_fh = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = t0 + self.config.startup_timeout_s
         try:
             with httpx.Client(timeout=2.0, trust_env=False) as client:
                 while True:
                     if self.proc.poll() is not None:
-                        raise GatewayError(f"litellm proxy exited {self.proc.returncode} during startup:\n{self.log_tail()}")
+                        raise GatewayError(
+                            f"litellm proxy exited {self.proc.returncode} during startup:\n{self.log_tail()}"
+                        )
                     try:
                         if client.get(self.url + "/health/liveliness").status_code == 200:
                             break
                     except httpx.HTTPError:
                         pass
                     if time.monotonic() > deadline:
-                        raise GatewayError(f"litellm proxy not healthy after {self.config.startup_timeout_s:g}s:\n"
-                                           f"{self.log_tail()}")
+                        raise GatewayError(
+                            f"litellm proxy not healthy after {self.config.startup_timeout_s:g}s:\n{self.log_tail()}"
+                        )
                     time.sleep(0.2)
             loaded = [x for x in self._lines() if x.get("kind") == "hooks_loaded"]
             if not loaded or not all(x.get("backoff_patched") for x in loaded):
                 why = loaded[-1].get("error") if loaded else "the hooks module was not loaded"
-                raise GatewayError(f"the gateway's retry backoff could not be installed in litellm ({why}); refusing to "
-                                   "run with litellm's own 0.5-8 s schedule")
+                raise GatewayError(
+                    f"the gateway's retry backoff could not be installed in litellm ({why}); refusing to "
+                    "run with litellm's own 0.5-8 s schedule"
+                )
         except BaseException:
             self.close()
             raise
@@ -613,8 +698,9 @@ class Gateway:
                 out.append(obj)
         return out
 
-    def calls(self, trial_id: str | None = None, *, session: str | None = None,
-              settle_timeout_s: float = 10.0) -> list[ModelCall]:
+    def calls(
+        self, trial_id: str | None = None, *, session: str | None = None, settle_timeout_s: float = 10.0
+    ) -> list[ModelCall]:
         """The requests of ``trial_id`` (and ``session``), one :class:`ModelCall` each, in order.
 
         Waits (at most ``settle_timeout_s``) until every request the proxy authenticated for it has
@@ -624,11 +710,20 @@ class Gateway:
         deadline = time.monotonic() + settle_timeout_s
         while True:
             lines = self._lines()
-            mine = [x for x in lines if (trial_id is None or x.get("trial_id") == trial_id)
-                    and (session is None or x.get("session") in (session, None))]
-            folded = [c for c in fold_calls(mine) if (trial_id is None or c.trial_id == trial_id)
-                      and (session is None or c.session in (session, None))]
-            requests = sum(1 for x in mine if x.get("kind") == "request" and (session is None or x.get("session") == session))
+            mine = [
+                x
+                for x in lines
+                if (trial_id is None or x.get("trial_id") == trial_id)
+                and (session is None or x.get("session") in (session, None))
+            ]
+            folded = [
+                c
+                for c in fold_calls(mine)
+                if (trial_id is None or c.trial_id == trial_id) and (session is None or c.session in (session, None))
+            ]
+            requests = sum(
+                1 for x in mine if x.get("kind") == "request" and (session is None or x.get("session") == session)
+            )
             # a request is over once its success or its final failure (after the retries) is logged
             over = {x.get("call_id") for x in mine if x.get("kind") in ("success", "final_failure")}
             if len(over) >= requests or time.monotonic() >= deadline:
@@ -685,8 +780,9 @@ class TcpRelay:
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(src, dst, client, upstream, done), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, client: socket.socket, upstream: socket.socket,
-              done: list[int]) -> None:
+    def _pipe(
+        self, src: socket.socket, dst: socket.socket, client: socket.socket, upstream: socket.socket, done: list[int]
+    ) -> None:
         pump(src, dst)
         with self._lock:
             done[0] += 1

@@ -50,8 +50,9 @@ async def user_api_key_auth(request, api_key):
     route = request.url.path
     if route.rstrip("/").endswith(LLM_ROUTES):
         write("request", trial_id=trial, session=session, route=route)
-    return UserAPIKeyAuth(api_key=api_key, user_id=trial,
-                          metadata={"saasbench_trial": trial, "saasbench_session": session})
+    return UserAPIKeyAuth(
+        api_key=api_key, user_id=trial, metadata={"saasbench_trial": trial, "saasbench_session": session}
+    )
 
 
 def _who(kwargs, slo):
@@ -71,10 +72,18 @@ def _who(kwargs, slo):
 def _common(kwargs, slo):
     trial, session = _who(kwargs, slo)
     hidden = slo.get("hidden_params") or {}
-    return {"call_id": slo.get("litellm_call_id") or kwargs.get("litellm_call_id") or slo.get("id"),
-            "trial_id": trial, "session": session, "model": slo.get("model"), "model_group": slo.get("model_group"),
-            "api_base": slo.get("api_base") or hidden.get("api_base"), "call_type": slo.get("call_type"),
-            "stream": slo.get("stream"), "start": slo.get("startTime"), "end": slo.get("endTime")}
+    return {
+        "call_id": slo.get("litellm_call_id") or kwargs.get("litellm_call_id") or slo.get("id"),
+        "trial_id": trial,
+        "session": session,
+        "model": slo.get("model"),
+        "model_group": slo.get("model_group"),
+        "api_base": slo.get("api_base") or hidden.get("api_base"),
+        "call_type": slo.get("call_type"),
+        "stream": slo.get("stream"),
+        "start": slo.get("startTime"),
+        "end": slo.get("endTime"),
+    }
 
 
 def _status(exc):
@@ -89,8 +98,13 @@ class Logger(CustomLogger):
     async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
         try:
             slo = kwargs.get("standard_logging_object") or {}
-            write("success", **_common(kwargs, slo), prompt_tokens=slo.get("prompt_tokens"),
-                  completion_tokens=slo.get("completion_tokens"), response_cost=slo.get("response_cost"))
+            write(
+                "success",
+                **_common(kwargs, slo),
+                prompt_tokens=slo.get("prompt_tokens"),
+                completion_tokens=slo.get("completion_tokens"),
+                response_cost=slo.get("response_cost"),
+            )
         except Exception as exc:  # noqa: BLE001 - never break a request for the counting
             write("hook_error", where="success", error=repr(exc))
 
@@ -99,21 +113,32 @@ class Logger(CustomLogger):
             slo = kwargs.get("standard_logging_object") or {}
             exc = kwargs.get("exception")
             info = slo.get("error_information") or {}
-            write("attempt_failure", **_common(kwargs, slo),
-                  error_class=type(exc).__name__ if exc is not None else info.get("error_class"),
-                  error=str(exc)[:2000] if exc is not None else info.get("error_message"), http_status=_status(exc))
+            write(
+                "attempt_failure",
+                **_common(kwargs, slo),
+                error_class=type(exc).__name__ if exc is not None else info.get("error_class"),
+                error=str(exc)[:2000] if exc is not None else info.get("error_message"),
+                http_status=_status(exc),
+            )
         except Exception as exc:  # noqa: BLE001 - a hook must never break a proxied request
             write("hook_error", where="failure", error=repr(exc))
 
-    async def async_post_call_failure_hook(self, request_data, original_exception, user_api_key_dict,
-                                           traceback_str=None):
+    async def async_post_call_failure_hook(
+        self, request_data, original_exception, user_api_key_dict, traceback_str=None
+    ):
         try:
             meta = getattr(user_api_key_dict, "metadata", None) or {}
-            write("final_failure", call_id=request_data.get("litellm_call_id"),
-                  trial_id=meta.get("saasbench_trial") or getattr(user_api_key_dict, "user_id", None),
-                  session=meta.get("saasbench_session"), model_group=request_data.get("model"),
-                  error_class=type(original_exception).__name__, error=str(original_exception)[:2000],
-                  http_status=_status(original_exception), end=time.time())
+            write(
+                "final_failure",
+                call_id=request_data.get("litellm_call_id"),
+                trial_id=meta.get("saasbench_trial") or getattr(user_api_key_dict, "user_id", None),
+                session=meta.get("saasbench_session"),
+                model_group=request_data.get("model"),
+                error_class=type(original_exception).__name__,
+                error=str(original_exception)[:2000],
+                http_status=_status(original_exception),
+                end=time.time(),
+            )
         except Exception as exc:  # noqa: BLE001 - a hook must never break a proxied request
             write("hook_error", where="post_failure", error=repr(exc))
 
@@ -148,7 +173,7 @@ def _install_backoff():
         st["n"] = n + 1
         if n >= NUM_RETRIES:
             return sleep(self, 0)  # litellm sleeps once more after the last attempt failed: no one waits for it
-        wait = MIN_S * (2 ** n)
+        wait = MIN_S * (2**n)
         error = getattr(st["driver"], "last_error", None)
         try:
             asked = retry_after_seconds(error) if isinstance(error, BaseException) else None
@@ -164,10 +189,17 @@ def _install_backoff():
                 meta = request[key]
                 break
         auth = meta.get("user_api_key_auth_metadata") or meta.get("user_api_key_metadata") or {}
-        write("retry", call_id=request.get("litellm_call_id"), trial_id=meta.get("user_api_key_user_id"),
-              session=auth.get("saasbench_session") if isinstance(auth, dict) else None, n=n, wait_s=wait,
-              litellm_wait_s=seconds, error_class=type(error).__name__ if error is not None else None,
-              model_group=request.get("model"))
+        write(
+            "retry",
+            call_id=request.get("litellm_call_id"),
+            trial_id=meta.get("user_api_key_user_id"),
+            session=auth.get("saasbench_session") if isinstance(auth, dict) else None,
+            n=n,
+            wait_s=wait,
+            litellm_wait_s=seconds,
+            error_class=type(error).__name__ if error is not None else None,
+            model_group=request.get("model"),
+        )
         return sleep(self, wait)
 
     core.RustCore._run_steps = _run_steps

@@ -51,24 +51,39 @@ class SweepSpec(BaseModel):
     attempts: int = Field(1, ge=1)
     backend: str = Field("local", description="an environment backend (saasbench.environments.backend_names())")
     judge_model: str | None = Field(None, description="shorthand for judge: {model: ...}")
-    judge: JudgeConfig | None = Field(None, description="the LLM judge of llm-judge nodes (saasbench.services.judge.JudgeConfig: "
-                                      "model, api_base, api_key_env, retries, votes, ...); none: those nodes are "
-                                      "SKIPPED_LLM")
+    judge: JudgeConfig | None = Field(
+        None,
+        description="the LLM judge of llm-judge nodes (saasbench.services.judge.JudgeConfig: "
+        "model, api_base, api_key_env, retries, votes, ...); none: those nodes are "
+        "SKIPPED_LLM",
+    )
     lake: str | None = Field(None, description="lake URI; default $SAASBENCH_LAKE or runs/lake")
     concurrency: int = Field(1, ge=1)
     retries: int = Field(2, ge=0, description="retries of infrastructure failures (env_error, judge_error)")
     retry_delays: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS))
     report_dir: str | None = Field(None, description="where the HTML report goes; default runs/reports")
-    compact: bool = Field(True, description="when every planned trial is committed, merge the sweep's per-trial "
-                                            "files into one batch (saasbench.lake.compact) before the report")
-    gateway: GatewayConfig | None = Field(None, description="the model gateway (saasbench.runs.gateway): one LiteLLM proxy "
-                                          "for the sweep; agents get its URL and a per-trial key, never a provider key")
-    envs_per_host: int | None = Field(None, ge=1, description="environments at once per host (a Prefect global "
-                                      "concurrency limit, or a local semaphore without Prefect); default "
-                                      "$SAASBENCH_ENVS_PER_HOST, else unlimited")
+    compact: bool = Field(
+        True,
+        description="when every planned trial is committed, merge the sweep's per-trial "
+        "files into one batch (saasbench.lake.compact) before the report",
+    )
+    gateway: GatewayConfig | None = Field(
+        None,
+        description="the model gateway (saasbench.runs.gateway): one LiteLLM proxy "
+        "for the sweep; agents get its URL and a per-trial key, never a provider key",
+    )
+    envs_per_host: int | None = Field(
+        None,
+        ge=1,
+        description="environments at once per host (a Prefect global "
+        "concurrency limit, or a local semaphore without Prefect); default "
+        "$SAASBENCH_ENVS_PER_HOST, else unlimited",
+    )
     llm_calls_per_provider: int | dict[str, int] | None = Field(
-        None, description="LLM calls at once per provider: n for every provider or {provider: n, '*': default}; "
-                          "default $SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited")
+        None,
+        description="LLM calls at once per provider: n for every provider or {provider: n, '*': default}; "
+        "default $SAASBENCH_LLM_CALLS_PER_PROVIDER, else unlimited",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -161,11 +176,13 @@ class TrialSpec:
 
 def plan(spec: SweepSpec) -> list[TrialSpec]:
     """Every trial of the sweep, in a stable order (attempt-major so early results cover every config)."""
-    return [TrialSpec(task, agent, model, attempt)
-            for attempt in range(spec.attempts)
-            for task in spec.tasks
-            for agent in spec.agents
-            for model in spec.models]
+    return [
+        TrialSpec(task, agent, model, attempt)
+        for attempt in range(spec.attempts)
+        for task in spec.tasks
+        for agent in spec.agents
+        for model in spec.models
+    ]
 
 
 def pending(spec: SweepSpec, lake: Any = None) -> list[TrialSpec]:
@@ -179,16 +196,29 @@ def committed_outcome(spec: SweepSpec, trial: TrialSpec, lake: Any = None) -> st
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
     if trial.trial_id not in lakelib.committed_trials(store, spec.sweep_id):
         return None
-    rows = lakelib.query(store, "SELECT outcome FROM trials WHERE sweep_id = ? AND trial_id = ?",
-                         [spec.sweep_id, trial.trial_id], sweep_id=spec.sweep_id).to_pylist()
+    rows = lakelib.query(
+        store,
+        "SELECT outcome FROM trials WHERE sweep_id = ? AND trial_id = ?",
+        [spec.sweep_id, trial.trial_id],
+        sweep_id=spec.sweep_id,
+    ).to_pylist()
     return rows[0]["outcome"] if rows else None
 
 
 def write_sweep_row(spec: SweepSpec, lake: Any = None) -> None:
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
-    lakelib.write_sweep(store, lakelib.sweep_row(
-        spec.sweep_id, config=spec.model_dump(), name=spec.name, tasks=spec.tasks, agents=spec.agents,
-        models=[m for m in spec.models if m], attempts=spec.attempts))
+    lakelib.write_sweep(
+        store,
+        lakelib.sweep_row(
+            spec.sweep_id,
+            config=spec.model_dump(),
+            name=spec.name,
+            tasks=spec.tasks,
+            agents=spec.agents,
+            models=[m for m in spec.models if m],
+            attempts=spec.attempts,
+        ),
+    )
 
 
 def _now() -> dt.datetime:
@@ -214,8 +244,14 @@ def _is_env_failure(exc: BaseException) -> bool:
     return mod.startswith(("docker.", "requests.", "urllib3."))
 
 
-def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
-              say: Callable[[str], None] | None = None, gateway: Gateway | None = None) -> str:
+def run_trial(
+    trial: TrialSpec,
+    spec: SweepSpec,
+    *,
+    lake: Any = None,
+    say: Callable[[str], None] | None = None,
+    gateway: Gateway | None = None,
+) -> str:
     """Run one trial and commit it to the lake; returns its outcome.
 
     Raises a *retryable* :class:`HarnessError` (env/judge) without writing anything, so the caller
@@ -241,7 +277,9 @@ def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
                 access = gateway.for_trial(trial.trial_id)
                 agent = gateway.attach(resolve_agent(trial.agent, trial.model), access)
             with limits.environment_slot():  # the trial's whole environment lifetime
-                result = run_local_trial(task, agent, backend=spec.backend, say=say, model=trial.model, judge=spec.judge)
+                result = run_local_trial(
+                    task, agent, backend=spec.backend, say=say, model=trial.model, judge=spec.judge
+                )
         except HarnessError:
             raise
         except Exception as exc:
@@ -262,15 +300,25 @@ def run_trial(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
         outcome = "judge_error"
         detail = f"{len(failures)} judge call(s) failed after retries; first: {failures[0]}"
     rows = lakelib.from_trial_result(
-        result, sweep_id=spec.sweep_id, trial_id=trial.trial_id, task=task, model=trial.model,
-        attempt=trial.attempt, started_at=started, ended_at=_now(), outcome=outcome, outcome_detail=detail,
-        model_calls=access.calls() if access is not None else ())
+        result,
+        sweep_id=spec.sweep_id,
+        trial_id=trial.trial_id,
+        task=task,
+        model=trial.model,
+        attempt=trial.attempt,
+        started_at=started,
+        ended_at=_now(),
+        outcome=outcome,
+        outcome_detail=detail,
+        model_calls=access.calls() if access is not None else (),
+    )
     lakelib.write_trial(store, rows)
     return rows.tables["trials"][0]["outcome"]
 
 
-def record_failure(trial: TrialSpec, spec: SweepSpec, exc: BaseException, *, lake: Any = None,
-                   started_at: Any = None) -> str:
+def record_failure(
+    trial: TrialSpec, spec: SweepSpec, exc: BaseException, *, lake: Any = None, started_at: Any = None
+) -> str:
     """Commit a trial row (no node rows) for a trial that ended in a failure outcome."""
     from saasbench.failures import outcome_of
 
@@ -285,17 +333,32 @@ def record_failure(trial: TrialSpec, spec: SweepSpec, exc: BaseException, *, lak
     except Exception:  # noqa: BLE001
         spec_t = None
     info = lakelib.TrialInfo(
-        sweep_id=spec.sweep_id, trial_id=trial.trial_id, task_id=id_part(task_id), agent=trial.agent,
-        model=trial.model, attempt=trial.attempt, outcome=outcome,
+        sweep_id=spec.sweep_id,
+        trial_id=trial.trial_id,
+        task_id=id_part(task_id),
+        agent=trial.agent,
+        model=trial.model,
+        attempt=trial.attempt,
+        outcome=outcome,
         outcome_detail=f"{type(exc).__name__}: {exc}",
-        category=getattr(spec_t, "category", None) or None, domain=getattr(spec_t, "domain", None),
-        complexity_tier=getattr(spec_t, "complexity_tier", None), started_at=started_at, ended_at=_now())
+        category=getattr(spec_t, "category", None) or None,
+        domain=getattr(spec_t, "domain", None),
+        complexity_tier=getattr(spec_t, "complexity_tier", None),
+        started_at=started_at,
+        ended_at=_now(),
+    )
     lakelib.write_trial(store, lakelib.trial_rows(info))
     return outcome
 
 
-def run_trial_retrying(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
-                       sleep: Callable[[float], None] = time.sleep, gateway: Gateway | None = None) -> str:
+def run_trial_retrying(
+    trial: TrialSpec,
+    spec: SweepSpec,
+    *,
+    lake: Any = None,
+    sleep: Callable[[float], None] = time.sleep,
+    gateway: Gateway | None = None,
+) -> str:
     """:func:`run_trial` with retries of retryable failures only (the no-Prefect path); after the
     last retry the failure is recorded as its infra outcome."""
     for i in range(spec.retries + 1):
@@ -309,9 +372,14 @@ def run_trial_retrying(trial: TrialSpec, spec: SweepSpec, *, lake: Any = None,
     raise AssertionError("unreachable")
 
 
-def run_sweep_plain(spec: SweepSpec | Mapping[str, Any] | str | Path, workers: int | None = None, *,
-                    lake: Any = None, sleep: Callable[[float], None] = time.sleep,
-                    on_done: Callable[[TrialSpec, str], None] | None = None) -> dict[str, str]:
+def run_sweep_plain(
+    spec: SweepSpec | Mapping[str, Any] | str | Path,
+    workers: int | None = None,
+    *,
+    lake: Any = None,
+    sleep: Callable[[float], None] = time.sleep,
+    on_done: Callable[[TrialSpec, str], None] | None = None,
+) -> dict[str, str]:
     """Run the pending trials of a sweep in a thread pool (``workers`` or ``spec.concurrency``).
 
     Returns ``{trial_id: outcome}`` for the trials run now (already committed ones are skipped)."""
@@ -329,7 +397,10 @@ def run_sweep_plain(spec: SweepSpec | Mapping[str, Any] | str | Path, workers: i
         if on_done:
             on_done(t, outcome)
 
-    with sweep_gateway(spec, bool(todo)) as gw, ThreadPoolExecutor(max_workers=max(1, workers or spec.concurrency)) as pool:
+    with (
+        sweep_gateway(spec, bool(todo)) as gw,
+        ThreadPoolExecutor(max_workers=max(1, workers or spec.concurrency)) as pool,
+    ):
         for fut in [pool.submit(one, t) for t in todo]:
             fut.result()
     return outcomes
@@ -363,8 +434,9 @@ def leaderboard_markdown(report: Any) -> str:
     lines = ["| agent/model | Pass@1 | deterministic | valid/all trials |", "|---|---:|---:|---:|"]
     configs = sorted(report.configs, key=lambda c: -(c.all.pass_at_1 or 0))
     for c in configs:
-        lines.append(f"| {c.label} | {pct(c.all.pass_at_1)} | {pct(c.all.deterministic)} | "
-                     f"{c.valid_trials}/{c.all.trials} |")
+        lines.append(
+            f"| {c.label} | {pct(c.all.pass_at_1)} | {pct(c.all.deterministic)} | {c.valid_trials}/{c.all.trials} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -117,13 +117,20 @@ def outcome_detail(outcome: str, findings: list[dict[str, Any]], trajectory: Any
     return getattr(trajectory, "error", None)
 
 
-def make_environment(task, backend: str = "local", *, keep_workspace: bool = False, docker_client=None,
-                     workspace_root: str | Path | None = None):
+def make_environment(
+    task,
+    backend: str = "local",
+    *,
+    keep_workspace: bool = False,
+    docker_client=None,
+    workspace_root: str | Path | None = None,
+):
     """A fresh environment of the chosen backend for one trial (``workspace_root``: use that folder, kept)."""
     from saasbench.environments import create_environment
 
-    return create_environment(backend, task, keep_workspace=keep_workspace, workspace_root=workspace_root,
-                              docker_client=docker_client)
+    return create_environment(
+        backend, task, keep_workspace=keep_workspace, workspace_root=workspace_root, docker_client=docker_client
+    )
 
 
 def task_budget(task, *, steps: int | None = None, wall_s: float | None = None, tool_call_s: float | None = None):
@@ -131,9 +138,11 @@ def task_budget(task, *, steps: int | None = None, wall_s: float | None = None, 
     from saasbench.agents.base import Budget
 
     t = task.spec.timeouts
-    return Budget(steps=steps if steps is not None else t.agent_steps,
-                  wall_s=wall_s if wall_s is not None else t.agent_s,
-                  tool_call_s=tool_call_s if tool_call_s is not None else t.tool_call_s)
+    return Budget(
+        steps=steps if steps is not None else t.agent_steps,
+        wall_s=wall_s if wall_s is not None else t.agent_s,
+        tool_call_s=tool_call_s if tool_call_s is not None else t.tool_call_s,
+    )
 
 
 def resolve_agent(agent, model: str | None = None):
@@ -202,8 +211,16 @@ def _reader(env) -> Callable[[str], str | None]:
     return read
 
 
-def rollout_in(env, task, agent, budget, *, say: Callable[[str], None] | None = None,
-               artefacts_dir: str | Path | None = None, backend: str | None = None) -> RolloutResult:
+def rollout_in(
+    env,
+    task,
+    agent,
+    budget,
+    *,
+    say: Callable[[str], None] | None = None,
+    artefacts_dir: str | Path | None = None,
+    backend: str | None = None,
+) -> RolloutResult:
     """The rollout part of a trial in a started environment (see the module docstring)."""
     from saasbench.agents import build_prompt
     from saasbench.agents.anticheat import integrity_findings, void_if_cheating
@@ -217,7 +234,9 @@ def rollout_in(env, task, agent, budget, *, say: Callable[[str], None] | None = 
     prompt = build_prompt(task, env)
     targets = integrity_targets(task)
     before = _hash_targets(env, targets)
-    say(f"{agent.name}: running (budget {budget.steps} steps, {budget.wall_s:g}s, {budget.tool_call_s:g}s per tool call)")
+    say(
+        f"{agent.name}: running (budget {budget.steps} steps, {budget.wall_s:g}s, {budget.tool_call_s:g}s per tool call)"
+    )
     trajectory = agent.run(prompt, env, budget)
     after = _hash_targets(env, targets)
     integrity = [f for key in before for f in integrity_findings(before[key], after[key], severity=key[0], rule=key[1])]
@@ -228,14 +247,32 @@ def rollout_in(env, task, agent, budget, *, say: Callable[[str], None] | None = 
     outcome = "voided_cheat" if voided else (trajectory.exit_reason or "completed")
     artefacts = dict(getattr(agent, "last_artefacts", None) or {})
     return RolloutResult(
-        task_id=task.id, agent=agent.name, trajectory=trajectory, outcome=outcome, budget=budget,
-        backend=backend or getattr(env, "kind", "local"), workspace=str(env.workspace_dir),
-        cheat_findings=[dataclasses.asdict(f) for f in cheat], integrity_findings=[dataclasses.asdict(f) for f in integrity],
-        artefacts=artefacts, started_at=started, ended_at=_dt.datetime.now(_dt.UTC), prompt=prompt)
+        task_id=task.id,
+        agent=agent.name,
+        trajectory=trajectory,
+        outcome=outcome,
+        budget=budget,
+        backend=backend or getattr(env, "kind", "local"),
+        workspace=str(env.workspace_dir),
+        cheat_findings=[dataclasses.asdict(f) for f in cheat],
+        integrity_findings=[dataclasses.asdict(f) for f in integrity],
+        artefacts=artefacts,
+        started_at=started,
+        ended_at=_dt.datetime.now(_dt.UTC),
+        prompt=prompt,
+    )
 
 
-def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] | None = None,
-                say: Callable[[str], None] | None = None, judge=None):
+def evaluate_in(
+    env,
+    task,
+    agent,
+    dag,
+    *,
+    on_node: Callable[[NodeResult], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    judge=None,
+):
     """The evaluation part of a trial: start the app (deployment contract), run the DAG. Returns
     (report, app). ``judge``: a :class:`saasbench.services.judge.Judge` for llm-judge nodes (None: they are
     SKIPPED_LLM); its ``calls`` hold every vote afterwards."""
@@ -248,18 +285,40 @@ def evaluate_in(env, task, agent, dag, *, on_node: Callable[[NodeResult], None] 
     app = start_app(task, env, command=agent.app_start_command(task))
     if not app.ok:
         say(f"{agent.name}: app not healthy: {app.error}")
-    target = Target(base_url=env.base_url, workspace=Path(env.workspace_dir), db_dsn=env.db_dsn, environment=env,
-                    task_id=task.id, exec_env=task_exec_env(task, env), origin_aliases=task.app_origins)
+    target = Target(
+        base_url=env.base_url,
+        workspace=Path(env.workspace_dir),
+        db_dsn=env.db_dsn,
+        environment=env,
+        task_id=task.id,
+        exec_env=task_exec_env(task, env),
+        origin_aliases=task.app_origins,
+    )
     say(f"{agent.name}: evaluating {len(dag.nodes)} node(s)")
-    report = evaluate(dag, target, options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s),
-                      auth_profile=task.spec.auth, judge=judge, on_node=on_node)
+    report = evaluate(
+        dag,
+        target,
+        options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s),
+        auth_profile=task.spec.auth,
+        judge=judge,
+        on_node=on_node,
+    )
     return report, app
 
 
-def run_local_trial(task, agent_name, *, keep_workspace: bool = False,
-                    on_node: Callable[[NodeResult], None] | None = None,
-                    say: Callable[[str], None] | None = None, backend: str = "local",
-                    docker_client=None, model: str | None = None, budget=None, judge=None) -> TrialResult:
+def run_local_trial(
+    task,
+    agent_name,
+    *,
+    keep_workspace: bool = False,
+    on_node: Callable[[NodeResult], None] | None = None,
+    say: Callable[[str], None] | None = None,
+    backend: str = "local",
+    docker_client=None,
+    model: str | None = None,
+    budget=None,
+    judge=None,
+) -> TrialResult:
     """Rollout then evaluation in one fresh environment. ``agent_name``: a name, import path or Agent;
     ``model`` goes to agents that take one; ``budget`` defaults to :func:`task_budget`; ``judge``: a
     :class:`saasbench.services.judge.JudgeConfig` (or Judge) for llm-judge nodes, None leaves them SKIPPED_LLM."""
@@ -274,16 +333,35 @@ def run_local_trial(task, agent_name, *, keep_workspace: bool = False,
         say(f"{agent.name}: {ro.outcome}; starting the app")
         judge = Judge(judge) if isinstance(judge, JudgeConfig) else judge
         report, app = evaluate_in(env, task, agent, dag, on_node=on_node, say=say, judge=judge)
-    return TrialResult(agent=agent.name, report=report, trajectory=ro.trajectory, app_ok=app.ok, app_error=app.error,
-                       app_log_tail=app.log_tail, workspace=ro.workspace, outcome=ro.outcome,
-                       cheat_findings=ro.cheat_findings, integrity_findings=ro.integrity_findings, rollout=ro,
-                       judge_calls=list(judge.calls) if judge is not None else [])
+    return TrialResult(
+        agent=agent.name,
+        report=report,
+        trajectory=ro.trajectory,
+        app_ok=app.ok,
+        app_error=app.error,
+        app_log_tail=app.log_tail,
+        workspace=ro.workspace,
+        outcome=ro.outcome,
+        cheat_findings=ro.cheat_findings,
+        integrity_findings=ro.integrity_findings,
+        rollout=ro,
+        judge_calls=list(judge.calls) if judge is not None else [],
+    )
 
 
 # --- rollout only ---------------------------------------------------------------------------------------
-def run_rollout(task, agent, *, out_dir: str | Path, backend: str = "local", budget=None, model: str | None = None,
-                say: Callable[[str], None] | None = None, on_event: Callable[[Any], None] | None = None,
-                docker_client=None) -> RolloutResult:
+def run_rollout(
+    task,
+    agent,
+    *,
+    out_dir: str | Path,
+    backend: str = "local",
+    budget=None,
+    model: str | None = None,
+    say: Callable[[str], None] | None = None,
+    on_event: Callable[[Any], None] | None = None,
+    docker_client=None,
+) -> RolloutResult:
     """Rollout without evaluation; the workspace stays in ``out_dir/workspace``.
 
     ``out_dir`` receives ``workspace/`` (the agent's work), ``trajectory.json`` (the whole
@@ -323,8 +401,20 @@ def follow_up_commands(task, agent, workspace: Path, out: Path) -> dict[str, Any
         dsn = f"sqlite:///{db_path}"
     command = agent.app_start_command(task) or ""
     base_url = f"http://127.0.0.1:{port}"
-    argv = ["saasbench", "evaluate", "--dag", str(task.dag_path), "--base-url", base_url, "--workspace", str(workspace),
-            "--node-timeout", f"{spec.timeouts.eval_node_s:g}", "--out", str(out / "evaluation")]
+    argv = [
+        "saasbench",
+        "evaluate",
+        "--dag",
+        str(task.dag_path),
+        "--base-url",
+        base_url,
+        "--workspace",
+        str(workspace),
+        "--node-timeout",
+        f"{spec.timeouts.eval_node_s:g}",
+        "--out",
+        str(out / "evaluation"),
+    ]
     if spec.auth is not None:
         argv += ["--auth", str(task.root / "task.yaml")]
     if dsn:
@@ -335,11 +425,27 @@ def follow_up_commands(task, agent, workspace: Path, out: Path) -> dict[str, Any
         argv += ["--exec-env-file", str(task.exec_env_path)]
     for key, value in (env | dict(spec.exec_env)).items():
         argv += ["--exec-env", f"{key}={value}"]
-    start = ("cd " + shlex.quote(str(workspace)) + " && " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-             + " " + command) if command else ""
-    return {"start_cwd": str(workspace), "start_env": env, "start_command": command, "start_shell": start,
-            "health_url": base_url + "/" + spec.app.health_path.lstrip("/"), "evaluate_argv": argv,
-            "evaluate_shell": " ".join(shlex.quote(a) for a in argv)}
+    start = (
+        (
+            "cd "
+            + shlex.quote(str(workspace))
+            + " && "
+            + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+            + " "
+            + command
+        )
+        if command
+        else ""
+    )
+    return {
+        "start_cwd": str(workspace),
+        "start_env": env,
+        "start_command": command,
+        "start_shell": start,
+        "health_url": base_url + "/" + spec.app.health_path.lstrip("/"),
+        "evaluate_argv": argv,
+        "evaluate_shell": " ".join(shlex.quote(a) for a in argv),
+    }
 
 
 def write_rollout(ro: RolloutResult, out: Path, *, model: str | None = None) -> None:
@@ -349,14 +455,30 @@ def write_rollout(ro: RolloutResult, out: Path, *, model: str | None = None) -> 
         fh.writelines(ev.model_dump_json() + "\n" for ev in traj.events)
     (out / "prompt.md").write_text(ro.prompt, encoding="utf-8")
     manifest = {
-        "task": ro.task_id, "agent": ro.agent, "agent_version": traj.version, "model": traj.model or model,
-        "backend": ro.backend, "budget": ro.budget.model_dump(), "outcome": ro.outcome,
-        "outcome_detail": ro.outcome_detail, "exit_reason": traj.exit_reason, "error": traj.error, "steps": traj.steps,
-        "tokens_in": traj.tokens_in, "tokens_out": traj.tokens_out, "cost_usd": traj.cost_usd, "wall_s": traj.wall_s,
+        "task": ro.task_id,
+        "agent": ro.agent,
+        "agent_version": traj.version,
+        "model": traj.model or model,
+        "backend": ro.backend,
+        "budget": ro.budget.model_dump(),
+        "outcome": ro.outcome,
+        "outcome_detail": ro.outcome_detail,
+        "exit_reason": traj.exit_reason,
+        "error": traj.error,
+        "steps": traj.steps,
+        "tokens_in": traj.tokens_in,
+        "tokens_out": traj.tokens_out,
+        "cost_usd": traj.cost_usd,
+        "wall_s": traj.wall_s,
         "started_at": ro.started_at.isoformat() if ro.started_at else None,
         "ended_at": ro.ended_at.isoformat() if ro.ended_at else None,
-        "workspace": ro.workspace, "trajectory": str(out / "trajectory.json"), "events": str(out / "events.jsonl"),
-        "artefacts": ro.artefacts, "cheat_findings": ro.cheat_findings, "integrity_findings": ro.integrity_findings,
-        "evaluated": False, "follow_up": ro.follow_up,
+        "workspace": ro.workspace,
+        "trajectory": str(out / "trajectory.json"),
+        "events": str(out / "events.jsonl"),
+        "artefacts": ro.artefacts,
+        "cheat_findings": ro.cheat_findings,
+        "integrity_findings": ro.integrity_findings,
+        "evaluated": False,
+        "follow_up": ro.follow_up,
     }
     (out / "rollout.json").write_text(json.dumps(manifest, indent=1, default=str), encoding="utf-8")

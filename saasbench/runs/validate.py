@@ -94,9 +94,15 @@ def _classify(statuses: list[str]) -> tuple[int, int, Verdict, str | None]:
     return passed, len(counted), "flaky", "own" if own else "prerequisite"
 
 
-def validate_reference(task: Task, repeats: int = 3, *, out_dir: str | Path | None = None,
-                       quarantine_path: str | Path | None = None, progress: Progress | None = None,
-                       keep_workspaces: bool = False) -> ValidationReport:
+def validate_reference(
+    task: Task,
+    repeats: int = 3,
+    *,
+    out_dir: str | Path | None = None,
+    quarantine_path: str | Path | None = None,
+    progress: Progress | None = None,
+    keep_workspaces: bool = False,
+) -> ValidationReport:
     """Run the oracle + DAG ``repeats`` times on fresh local environments and classify each node.
 
     ``out_dir`` (default ``runs/validate-<task>-<timestamp>``) receives ``validation.json``,
@@ -125,9 +131,13 @@ def validate_reference(task: Task, repeats: int = 3, *, out_dir: str | Path | No
     messages: dict[str, str] = {}
     for i in range(1, repeats + 1):
         t0 = time.perf_counter()
-        trial = run_local_trial(task, "oracle", keep_workspace=keep_workspaces,
-                                on_node=lambda r, i=i: say(i, f"{r.id} {r.status.value}"),
-                                say=lambda m, i=i: say(i, f"repeat {i}/{repeats}: {m}"))
+        trial = run_local_trial(
+            task,
+            "oracle",
+            keep_workspace=keep_workspaces,
+            on_node=lambda r, i=i: say(i, f"{r.id} {r.status.value}"),
+            say=lambda m, i=i: say(i, f"repeat {i}/{repeats}: {m}"),
+        )
         report, traj, workspace = trial.report, trial.trajectory, trial.workspace
         app = trial
         rep_dir = out_dir / f"repeat-{i}"
@@ -138,29 +148,60 @@ def validate_reference(task: Task, repeats: int = 3, *, out_dir: str | Path | No
             per_node.setdefault(r.id, []).append(r.status.value)
             if r.status.value != "PASSED":
                 messages[r.id] = r.message
-        records.append(RepeatRecord(
-            index=i, workspace=workspace if keep_workspaces else None, oracle_exit_reason=traj.exit_reason,
-            oracle_error=traj.error, app_ok=app.app_ok, app_error=app.app_error, app_log_tail=app.app_log_tail,
-            task_score=report.summary.task_score, counts={k: v for k, v in report.summary.counts.model_dump().items() if v},
-            report=str(rep_dir / "report.json"), elapsed_s=round(time.perf_counter() - t0, 3)))
+        records.append(
+            RepeatRecord(
+                index=i,
+                workspace=workspace if keep_workspaces else None,
+                oracle_exit_reason=traj.exit_reason,
+                oracle_error=traj.error,
+                app_ok=app.app_ok,
+                app_error=app.app_error,
+                app_log_tail=app.app_log_tail,
+                task_score=report.summary.task_score,
+                counts={k: v for k, v in report.summary.counts.model_dump().items() if v},
+                report=str(rep_dir / "report.json"),
+                elapsed_s=round(time.perf_counter() - t0, 3),
+            )
+        )
         say(i, f"repeat {i}/{repeats}: task score {report.summary.task_score}")
 
     nodes: list[NodeValidation] = []
     for n in dag.nodes:
         statuses = per_node.get(n.id, [])
         passed, counted, verdict, cause = _classify(statuses)
-        nodes.append(NodeValidation(
-            id=n.id, category=n.scoring.category, method=n.method, max_score=n.max_score, statuses=statuses,
-            passed=passed, counted=counted, pass_rate=round(passed / counted, 4) if counted else None, verdict=verdict,
-            flaky_cause=cause, last_message=messages.get(n.id, "")))
+        nodes.append(
+            NodeValidation(
+                id=n.id,
+                category=n.scoring.category,
+                method=n.method,
+                max_score=n.max_score,
+                statuses=statuses,
+                passed=passed,
+                counted=counted,
+                pass_rate=round(passed / counted, 4) if counted else None,
+                verdict=verdict,
+                flaky_cause=cause,
+                last_message=messages.get(n.id, ""),
+            )
+        )
     flaky = [v.id for v in nodes if v.verdict == "flaky"]
     quarantine = [v.id for v in nodes if v.verdict == "flaky" and v.flaky_cause == "own"]
     via_prereq = [v.id for v in nodes if v.verdict == "flaky" and v.flaky_cause == "prerequisite"]
     report_out = ValidationReport(
-        task_id=task.id, dag=str(task.dag_path), repeats=repeats, started_at=started_at,
-        elapsed_s=round(time.perf_counter() - t_all, 3), repeat_records=records, nodes=nodes, flaky=flaky,
-        quarantine=quarantine, always_failing=[v.id for v in nodes if v.verdict == "always_failing"],
-        skipped_llm=[v.id for v in nodes if v.verdict == "skipped_llm"], out_dir=str(out_dir), quarantine_path=str(q_path))
+        task_id=task.id,
+        dag=str(task.dag_path),
+        repeats=repeats,
+        started_at=started_at,
+        elapsed_s=round(time.perf_counter() - t_all, 3),
+        repeat_records=records,
+        nodes=nodes,
+        flaky=flaky,
+        quarantine=quarantine,
+        always_failing=[v.id for v in nodes if v.verdict == "always_failing"],
+        skipped_llm=[v.id for v in nodes if v.verdict == "skipped_llm"],
+        out_dir=str(out_dir),
+        quarantine_path=str(q_path),
+    )
     header = [
         f"# Quarantine for task {task.id}: nodes whose verdict on the reference implementation varied",
         f"# across {repeats} repeat(s) of `saasbench validate-reference` ({started_at}).",

@@ -107,7 +107,8 @@ class SimpleSelector:
                 raise ValueError(
                     f"unsupported CSS selector {text!r} at {source[pos:]!r}: only one element's tag, #id, .class, "
                     "[attr] and [attr=value] written together without spaces (e.g. input[name=csrf_token], "
-                    "input#csrf_token, meta[name=\"csrf-token\"]); no combinators, lists or pseudo-classes")
+                    'input#csrf_token, meta[name="csrf-token"]); no combinators, lists or pseudo-classes'
+                )
             if m.group("tag"):
                 tag = None if m.group("tag") == "*" else m.group("tag").lower()
             elif m.group("id") is not None:
@@ -143,7 +144,9 @@ class _FirstElement(HTMLParser):
             return
         seen: dict[str, str] = {}
         for name, value in attrs:
-            seen.setdefault(name, value if value is not None else "")  # the first of duplicate attributes wins, as in browsers
+            seen.setdefault(
+                name, value if value is not None else ""
+            )  # the first of duplicate attributes wins, as in browsers
         if self.selector.matches(tag, seen):
             self.found = (tag, seen)
 
@@ -164,13 +167,21 @@ class ExtractSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    regex: str | None = Field(default=None, description="Searched in the response text; the value is group 1 (the whole "
-                              "match when the pattern has no group), HTML character references decoded")
-    css: str | None = Field(default=None, description="A simple CSS selector read with the stdlib HTML parser: one element's "
-                            "tag, #id, .class, [attr], [attr=value] written together (input[name=csrf_token], "
-                            "input#csrf_token, meta[name=csrf-token]); no combinators or pseudo-classes. The first "
-                            "matching element's `attr` is the value")
-    attr: str = Field(default="value", description="With css: the attribute read (value for inputs, content for meta tags)")
+    regex: str | None = Field(
+        default=None,
+        description="Searched in the response text; the value is group 1 (the whole "
+        "match when the pattern has no group), HTML character references decoded",
+    )
+    css: str | None = Field(
+        default=None,
+        description="A simple CSS selector read with the stdlib HTML parser: one element's "
+        "tag, #id, .class, [attr], [attr=value] written together (input[name=csrf_token], "
+        "input#csrf_token, meta[name=csrf-token]); no combinators or pseudo-classes. The first "
+        "matching element's `attr` is the value",
+    )
+    attr: str = Field(
+        default="value", description="With css: the attribute read (value for inputs, content for meta tags)"
+    )
     json_path: str | None = Field(default=None, description="Dotted path in a JSON response body")
     cookie: str | None = Field(default=None, description="A cookie the pre-login response set (double-submit tokens)")
 
@@ -205,11 +216,19 @@ class PreloginSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     method: str = Field(default="GET", description="HTTP method of the pre-login request")
-    path: str | None = Field(default=None, description="Page to request; default: the login path (after a P13 login_path override)")
-    headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers, templated with the user's fields")
-    ok_statuses: list[int] = Field(default_factory=lambda: [200], description="Statuses that count as the page being served")
-    extract: dict[str, ExtractSpec] = Field(default_factory=dict, description="name -> where to read it; each value is "
-                                            "available as {{name}} to the login body and headers")
+    path: str | None = Field(
+        default=None, description="Page to request; default: the login path (after a P13 login_path override)"
+    )
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra request headers, templated with the user's fields"
+    )
+    ok_statuses: list[int] = Field(
+        default_factory=lambda: [200], description="Statuses that count as the page being served"
+    )
+    extract: dict[str, ExtractSpec] = Field(
+        default_factory=dict,
+        description="name -> where to read it; each value is available as {{name}} to the login body and headers",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> "PreloginSpec":
@@ -225,22 +244,39 @@ class LoginSpec(BaseModel):
     body: dict[str, Any] | str | None = Field(
         default=None,
         description="Templated with the user's fields: {{username}}, {{password}}, {{email}}, ... and the pre-login's "
-                    "extracted values ({{csrf_token}}); default: the user's username/email/password plus those values",
+        "extracted values ({{csrf_token}}); default: the user's username/email/password plus those values",
     )
     body_format: Literal["json", "form", "graphql"] = "json"
-    headers: dict[str, str] = Field(default_factory=dict, description="Extra login request headers, templated like the body")
-    token_path: str | None = Field(default=None, description="Dotted path of the token in the response body; default: common keys")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra login request headers, templated like the body"
+    )
+    token_path: str | None = Field(
+        default=None, description="Dotted path of the token in the response body; default: common keys"
+    )
     ok_statuses: list[int] = Field(default_factory=lambda: [200, 201, 204, 302, 303])
-    prelogin: PreloginSpec | None = Field(default=None, description="A request before the login (same cookie jar) whose "
-                                          "extracted values the login body uses: an HTML form's hidden CSRF token")
-    follow_redirects: bool = Field(default=False, description="Follow the login's redirects (GET, same origin, at most 5) and "
-                                   "judge the last response; off: the login's own response is judged")
-    success_redirect_not: str | None = Field(default=None, description="A redirect whose Location path is this path or under "
-                                             "it (e.g. /login) means the credentials were rejected")
-    failure_location_regex: str | None = Field(default=None, description="A redirect whose Location matches this regex means "
-                                               "the credentials were rejected")
-    failure_body_regex: str | None = Field(default=None, description="A response body matching this regex means the "
-                                           "credentials were rejected (apps that re-render the form with 200)")
+    prelogin: PreloginSpec | None = Field(
+        default=None,
+        description="A request before the login (same cookie jar) whose "
+        "extracted values the login body uses: an HTML form's hidden CSRF token",
+    )
+    follow_redirects: bool = Field(
+        default=False,
+        description="Follow the login's redirects (GET, same origin, at most 5) and "
+        "judge the last response; off: the login's own response is judged",
+    )
+    success_redirect_not: str | None = Field(
+        default=None,
+        description="A redirect whose Location path is this path or under "
+        "it (e.g. /login) means the credentials were rejected",
+    )
+    failure_location_regex: str | None = Field(
+        default=None, description="A redirect whose Location matches this regex means the credentials were rejected"
+    )
+    failure_body_regex: str | None = Field(
+        default=None,
+        description="A response body matching this regex means the "
+        "credentials were rejected (apps that re-render the form with 200)",
+    )
 
     @field_validator("failure_location_regex", "failure_body_regex")
     @classmethod
@@ -255,7 +291,9 @@ class LoginSpec(BaseModel):
 
 class CsrfSpec(BaseModel):
     header: str = "X-CSRF-Token"
-    token_path: str | None = Field(default="csrf_token", description="Dotted path in the login (or csrf endpoint) response body")
+    token_path: str | None = Field(
+        default="csrf_token", description="Dotted path in the login (or csrf endpoint) response body"
+    )
     path: str | None = Field(default=None, description="GET this path after login to read the token")
     cookie: str | None = Field(default=None, description="Read the token from this cookie instead (double-submit)")
 
@@ -282,11 +320,18 @@ class AuthProfile(BaseModel):
     default_scheme: str | None = None
     default_role: str = "admin"
     schemes: dict[str, Scheme] = Field(default_factory=dict)
-    users: dict[str, dict[str, Any]] = Field(default_factory=dict, description="role -> username, password, email, api_key, ...")
-    role_schemes: dict[str, str] = Field(default_factory=dict, description="role -> scheme name, when a role logs in differently")
-    browser_scheme: str | None = Field(default=None, description="Scheme the browser primitives (RENDER_DOM, SCREENSHOT, P18, "
-                                       "P19) log the active role in with, its cookies copied into the browser; HTTP "
-                                       "primitives keep the active identity. Default: the browser carries the active identity")
+    users: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="role -> username, password, email, api_key, ..."
+    )
+    role_schemes: dict[str, str] = Field(
+        default_factory=dict, description="role -> scheme name, when a role logs in differently"
+    )
+    browser_scheme: str | None = Field(
+        default=None,
+        description="Scheme the browser primitives (RENDER_DOM, SCREENSHOT, P18, "
+        "P19) log the active role in with, its cookies copied into the browser; HTTP "
+        "primitives keep the active identity. Default: the browser carries the active identity",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -394,10 +439,14 @@ class AuthManager:
         if credentials:
             user.update({k: v for k, v in credentials.items() if v is not None})
         if not user:
-            raise LoginFailed(f"role {role!r} has no credentials in the auth profile (known roles: {sorted(self.profile.users) or 'none'})")
+            raise LoginFailed(
+                f"role {role!r} has no credentials in the auth profile (known roles: {sorted(self.profile.users) or 'none'})"
+            )
         chosen = self.profile.scheme_for(role, method)
         if chosen is None:
-            raise LoginFailed("the auth profile declares no scheme; pass --auth PROFILE.yaml or declare auth in task.yaml")
+            raise LoginFailed(
+                "the auth profile declares no scheme; pass --auth PROFILE.yaml or declare auth in task.yaml"
+            )
         name, scheme = chosen
         key = (role, name, tuple(sorted((k, str(v)) for k, v in user.items())) + (("_path", login_path or ""),))
         if not force and key in self.identities:
@@ -411,7 +460,9 @@ class AuthManager:
             ctx.vars[f"{role}_{field_name}"] = value
         return identity
 
-    def browser_identity(self, ctx: "RunContext", role: str | None = None, method: str | None = None) -> Identity | None:
+    def browser_identity(
+        self, ctx: "RunContext", role: str | None = None, method: str | None = None
+    ) -> Identity | None:
         """The identity a browser page carries (None: anonymous); the active identity is left as it was.
 
         With ``role``: that role logged in with ``method``, else the profile's ``browser_scheme``, else
@@ -437,7 +488,9 @@ class AuthManager:
         finally:
             self.active = previous
 
-    def _login(self, ctx: "RunContext", role: str, scheme: Scheme, user: dict[str, Any], login_path: str | None) -> Identity:
+    def _login(
+        self, ctx: "RunContext", role: str, scheme: Scheme, user: dict[str, Any], login_path: str | None
+    ) -> Identity:
         identity = Identity(role=role)
         if scheme.kind == "none":
             return identity
@@ -460,11 +513,16 @@ class AuthManager:
         _check_rejected(role, login_path or scheme.login.path, scheme.login, chain)
         if response.status not in scheme.login.ok_statuses:
             snippet = response.text[:200].replace("\n", " ")
-            raise LoginFailed(f"login as {role!r} at {scheme.login.path if not login_path else login_path} answered {response.status}: {snippet}")
+            raise LoginFailed(
+                f"login as {role!r} at {scheme.login.path if not login_path else login_path} answered {response.status}: {snippet}"
+            )
         if scheme.kind == "bearer":
             token = _find_token(response.body, scheme.login.token_path)
             if not token:
-                raise LoginFailed(f"login as {role!r} answered {response.status} but no token was found in the body" + (f" at {scheme.login.token_path}" if scheme.login.token_path else ""))
+                raise LoginFailed(
+                    f"login as {role!r} answered {response.status} but no token was found in the body"
+                    + (f" at {scheme.login.token_path}" if scheme.login.token_path else "")
+                )
             identity.headers[scheme.header] = scheme.header_template.format(token=token)
             identity.info["token"] = token
         else:  # session / form: the cookie jar now holds the session
@@ -481,14 +539,23 @@ class AuthManager:
                 identity.info["user_id"] = user_obj["id"]
         return identity
 
-    def _send_login(self, ctx: "RunContext", role: str, identity: Identity, scheme: Scheme, user: dict[str, Any],
-                    login_path: str | None) -> list[HttpResponse]:
+    def _send_login(
+        self,
+        ctx: "RunContext",
+        role: str,
+        identity: Identity,
+        scheme: Scheme,
+        user: dict[str, Any],
+        login_path: str | None,
+    ) -> list[HttpResponse]:
         """The login exchange in the identity's cookie jar: the pre-login request (if any), the login,
         and its redirects when ``follow_redirects``. Returns the login's response and the followed ones."""
         assert scheme.login is not None
         login = scheme.login
         path = login_path or login.path
-        extracted = self._prelogin(ctx, role, identity, login.prelogin, path, user) if login.prelogin is not None else {}
+        extracted = (
+            self._prelogin(ctx, role, identity, login.prelogin, path, user) if login.prelogin is not None else {}
+        )
         resolver = ctx.resolver_with({**user, **extracted})
         try:
             if login.body is not None:
@@ -497,26 +564,43 @@ class AuthManager:
                 body = {k: user[k] for k in ("username", "email", "password") if k in user} | extracted
             headers = {str(k): str(v) for k, v in resolver.resolve(login.headers).items()}
         except UnresolvedPlaceholder as exc:
-            raise LoginFailed(f"login as {role!r}: the login request names {exc.placeholder}, which is neither a field of "
-                              f"the user ({', '.join(sorted(user))}) nor a pre-login value "
-                              f"({', '.join(sorted(extracted)) or 'none'}) nor a run variable") from exc
+            raise LoginFailed(
+                f"login as {role!r}: the login request names {exc.placeholder}, which is neither a field of "
+                f"the user ({', '.join(sorted(user))}) nor a pre-login value "
+                f"({', '.join(sorted(extracted)) or 'none'}) nor a run variable"
+            ) from exc
         if login.body_format == "form" or scheme.kind == "form":
             data = body if isinstance(body, dict) else None
             content = body if isinstance(body, str) else None
             if content is not None and not any(k.lower() == "content-type" for k in headers):
                 headers["Content-Type"] = "application/x-www-form-urlencoded"
-            response = ctx.http.request(login.method, path, identity=identity, data=data, content=content,
-                                        headers=headers or None, timeout_s=ctx.timeout())
+            response = ctx.http.request(
+                login.method,
+                path,
+                identity=identity,
+                data=data,
+                content=content,
+                headers=headers or None,
+                timeout_s=ctx.timeout(),
+            )
         else:
-            response = ctx.http.request(login.method, path, identity=identity, json_body=body, headers=headers or None,
-                                        timeout_s=ctx.timeout())
+            response = ctx.http.request(
+                login.method, path, identity=identity, json_body=body, headers=headers or None, timeout_s=ctx.timeout()
+            )
         chain = [response]
         if login.follow_redirects:
             chain += _follow_redirects(ctx, identity, response)
         return chain
 
-    def _prelogin(self, ctx: "RunContext", role: str, identity: Identity, spec: PreloginSpec, login_path: str,
-                  user: dict[str, Any]) -> dict[str, str]:
+    def _prelogin(
+        self,
+        ctx: "RunContext",
+        role: str,
+        identity: Identity,
+        spec: PreloginSpec,
+        login_path: str,
+        user: dict[str, Any],
+    ) -> dict[str, str]:
         """Send the pre-login request (its cookies land in the identity's jar) and read its values."""
         path = spec.path or login_path
         page = f"pre-login {spec.method.upper()} {path}"
@@ -524,20 +608,28 @@ class AuthManager:
             headers = {str(k): str(v) for k, v in ctx.resolver_with(user).resolve(spec.headers).items()}
         except UnresolvedPlaceholder as exc:
             raise LoginFailed(f"login as {role!r}: {page}: unresolved header placeholder {exc.placeholder}") from exc
-        response = ctx.http.request(spec.method, path, identity=identity, headers=headers or None, timeout_s=ctx.timeout())
+        response = ctx.http.request(
+            spec.method, path, identity=identity, headers=headers or None, timeout_s=ctx.timeout()
+        )
         if response.status not in spec.ok_statuses:
             snippet = response.text[:200].replace("\n", " ")
-            raise LoginFailed(f"login as {role!r}: {page} answered {response.status} (expected {spec.ok_statuses}): {snippet}")
+            raise LoginFailed(
+                f"login as {role!r}: {page} answered {response.status} (expected {spec.ok_statuses}): {snippet}"
+            )
         out: dict[str, str] = {}
         for name, how in spec.extract.items():
             value, why = _extract(how, response, identity)
             if value is None:
-                raise LoginFailed(f"login as {role!r}: {page}: {how.describe()} for {name!r} {why} "
-                                  f"(status {response.status}, {len(response.text)} chars of body)")
+                raise LoginFailed(
+                    f"login as {role!r}: {page}: {how.describe()} for {name!r} {why} "
+                    f"(status {response.status}, {len(response.text)} chars of body)"
+                )
             out[name] = value
         return out
 
-    def _csrf_token(self, ctx: "RunContext", identity: Identity, csrf: CsrfSpec, login_response: HttpResponse) -> str | None:
+    def _csrf_token(
+        self, ctx: "RunContext", identity: Identity, csrf: CsrfSpec, login_response: HttpResponse
+    ) -> str | None:
         if csrf.cookie:
             for cookie in identity.cookies.jar:
                 if cookie.name == csrf.cookie:
@@ -618,16 +710,22 @@ def _check_rejected(role: str, where: str, login: LoginSpec, chain: list[HttpRes
             continue
         target = urljoin(response.url, location)
         if login.success_redirect_not and _path_is_under(target, login.success_redirect_not):
-            raise LoginFailed(f"login as {role!r} at {where}: credentials rejected: {response.status} redirect to "
-                              f"{location} is the login page again (success_redirect_not {login.success_redirect_not!r})")
+            raise LoginFailed(
+                f"login as {role!r} at {where}: credentials rejected: {response.status} redirect to "
+                f"{location} is the login page again (success_redirect_not {login.success_redirect_not!r})"
+            )
         if login.failure_location_regex and re.search(login.failure_location_regex, location):
-            raise LoginFailed(f"login as {role!r} at {where}: credentials rejected: {response.status} redirect to "
-                              f"{location} matches failure_location_regex {login.failure_location_regex!r}")
+            raise LoginFailed(
+                f"login as {role!r} at {where}: credentials rejected: {response.status} redirect to "
+                f"{location} matches failure_location_regex {login.failure_location_regex!r}"
+            )
     if login.failure_body_regex:
         found = re.search(login.failure_body_regex, chain[-1].text)
         if found:
-            raise LoginFailed(f"login as {role!r} at {where}: credentials rejected: the response ({chain[-1].status}) "
-                              f"matches failure_body_regex {login.failure_body_regex!r}: {found.group(0)[:100]!r}")
+            raise LoginFailed(
+                f"login as {role!r} at {where}: credentials rejected: the response ({chain[-1].status}) "
+                f"matches failure_body_regex {login.failure_body_regex!r}: {found.group(0)[:100]!r}"
+            )
 
 
 def _extract(how: ExtractSpec, response: HttpResponse, identity: Identity) -> tuple[str | None, str]:
@@ -655,7 +753,10 @@ def _extract(how: ExtractSpec, response: HttpResponse, identity: Identity) -> tu
 
         found = walk(response.body, split_path(how.json_path.removeprefix("$.").removeprefix("$")))
         if found is MISSING or found in (None, "") or isinstance(found, (dict, list)):
-            return None, "found no scalar value in the JSON body" if response.is_json else "found nothing: the body is not JSON"
+            return (
+                None,
+                "found no scalar value in the JSON body" if response.is_json else "found nothing: the body is not JSON",
+            )
         return str(found), ""
     for cookie in identity.cookies.jar:
         if cookie.name == how.cookie and cookie.value:

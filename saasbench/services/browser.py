@@ -87,9 +87,18 @@ CAPTURE_RESERVE_S = 3.0  # part of a step's budget kept for reading the DOM afte
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 # Navigation errors that mean "the app did not answer" (unreachable), not "the app answered badly".
 UNREACHABLE_ERRORS = (
-    "ERR_CONNECTION_REFUSED", "ERR_CONNECTION_RESET", "ERR_CONNECTION_CLOSED", "ERR_CONNECTION_TIMED_OUT",
-    "ERR_TIMED_OUT", "ERR_NAME_NOT_RESOLVED", "ERR_ADDRESS_UNREACHABLE", "ERR_EMPTY_RESPONSE",
-    "ERR_CONNECTION_FAILED", "ERR_NETWORK_CHANGED", "ERR_INTERNET_DISCONNECTED", "ERR_SOCKET_NOT_CONNECTED",
+    "ERR_CONNECTION_REFUSED",
+    "ERR_CONNECTION_RESET",
+    "ERR_CONNECTION_CLOSED",
+    "ERR_CONNECTION_TIMED_OUT",
+    "ERR_TIMED_OUT",
+    "ERR_NAME_NOT_RESOLVED",
+    "ERR_ADDRESS_UNREACHABLE",
+    "ERR_EMPTY_RESPONSE",
+    "ERR_CONNECTION_FAILED",
+    "ERR_NETWORK_CHANGED",
+    "ERR_INTERNET_DISCONNECTED",
+    "ERR_SOCKET_NOT_CONNECTED",
     "ERR_NAME_RESOLUTION_FAILED",
 )
 
@@ -162,10 +171,30 @@ def check_url(ctx: RunContext, url: str) -> str | None:
 
 
 # --- the DOM sanitiser -----------------------------------------------------------------------------
-DROP_ELEMENTS = frozenset({"script", "style", "noscript", "svg", "iframe", "template", "object", "embed", "math", "frame",
-                           "frameset", "base", "applet", "portal"})
-VOID_ELEMENTS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"})
-URL_ATTRS = frozenset({"href", "src", "action", "formaction", "xlink:href", "poster", "data", "background", "cite", "srcset", "ping"})
+DROP_ELEMENTS = frozenset(
+    {
+        "script",
+        "style",
+        "noscript",
+        "svg",
+        "iframe",
+        "template",
+        "object",
+        "embed",
+        "math",
+        "frame",
+        "frameset",
+        "base",
+        "applet",
+        "portal",
+    }
+)
+VOID_ELEMENTS = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
+)
+URL_ATTRS = frozenset(
+    {"href", "src", "action", "formaction", "xlink:href", "poster", "data", "background", "cite", "srcset", "ping"}
+)
 _JS_URL_RE = re.compile(r"^\s*(?:javascript|vbscript)\s*:", re.IGNORECASE)
 _CTRL_RE = re.compile(r"[\x00-\x20]+")
 _WS_RE = re.compile(r"\s+")
@@ -430,8 +459,14 @@ class BrowserSession:
         self._playwright = await async_playwright().start()
         try:
             self._browser = await self._playwright.chromium.launch(
-                executable_path=executable, headless=True, args=args, handle_sigint=False,
-                handle_sigterm=False, handle_sighup=False, timeout=LAUNCH_TIMEOUT_S * 1000)
+                executable_path=executable,
+                headless=True,
+                args=args,
+                handle_sigint=False,
+                handle_sigterm=False,
+                handle_sighup=False,
+                timeout=LAUNCH_TIMEOUT_S * 1000,
+            )
         except Exception as exc:
             await self._stop_playwright()
             hint = "" if executable else " (no chromium found: apt-get install chromium, or set SAASBENCH_CHROMIUM)"
@@ -447,20 +482,36 @@ class BrowserSession:
         return ", ".join(["MAP * ~NOTFOUND", *(f"EXCLUDE {h}" for h in names)])
 
     # --- contexts -------------------------------------------------------------------------------
-    async def new_context(self, *, identity: Identity | None, base_url: str | None, viewport: dict[str, int] | None,
-                          javascript: bool = True, block_all: bool = False) -> tuple[Any, Guard]:
+    async def new_context(
+        self,
+        *,
+        identity: Identity | None,
+        base_url: str | None,
+        viewport: dict[str, int] | None,
+        javascript: bool = True,
+        block_all: bool = False,
+    ) -> tuple[Any, Guard]:
         """A fresh context with the identity's cookies and headers, the host guard and handlers."""
         browser = self._browser
         if browser is None or not browser.is_connected():
             await self._launch()
             browser = self._browser
         guard = Guard(allowed=frozenset() if block_all else self.allowed_hosts)
-        headers = {str(k): str(v) for k, v in (identity.headers if identity is not None else {}).items()
-                   if k.lower() not in ("cookie", "host", "content-length")}
+        headers = {
+            str(k): str(v)
+            for k, v in (identity.headers if identity is not None else {}).items()
+            if k.lower() not in ("cookie", "host", "content-length")
+        }
         context = await browser.new_context(
-            viewport=viewport or DEFAULT_VIEWPORT, accept_downloads=False, java_script_enabled=javascript,
-            extra_http_headers=headers or None, service_workers="block", ignore_https_errors=True,
-            user_agent=None, bypass_csp=False)
+            viewport=viewport or DEFAULT_VIEWPORT,
+            accept_downloads=False,
+            java_script_enabled=javascript,
+            extra_http_headers=headers or None,
+            service_workers="block",
+            ignore_https_errors=True,
+            user_agent=None,
+            bypass_csp=False,
+        )
         cookies = identity_cookies(identity, base_url)
         if cookies:
             await context.add_cookies(cookies)
@@ -482,6 +533,7 @@ class BrowserSession:
 
         await context.route(blocked, abort)
         if hasattr(context, "route_web_socket"):
+
             async def ws_abort(ws: Any) -> None:  # never connected to the server: the socket is mocked, then closed
                 guard.block(ws.url)
                 try:
@@ -618,9 +670,12 @@ def identity_cookies(identity: Identity | None, base_url: str | None) -> list[di
         if domain and domain != host and not host.endswith("." + domain):
             continue  # a cookie of another site never goes to the app
         entry: dict[str, Any] = {
-            "name": cookie.name, "value": cookie.value or "", "domain": host, "path": cookie.path or "/",
-            "secure": bool(cookie.secure), "httpOnly": bool(cookie.has_nonstandard_attr("HttpOnly")
-                                                            or cookie.has_nonstandard_attr("httponly")),
+            "name": cookie.name,
+            "value": cookie.value or "",
+            "domain": host,
+            "path": cookie.path or "/",
+            "secure": bool(cookie.secure),
+            "httpOnly": bool(cookie.has_nonstandard_attr("HttpOnly") or cookie.has_nonstandard_attr("httponly")),
             "sameSite": "Lax",
         }
         if cookie.expires:
@@ -658,8 +713,12 @@ class Rendered:
     elapsed_ms: float = 0.0
 
     def evidence(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"url": self.url, "final_url": self.final_url, "status": self.status,
-                               "elapsed_ms": round(self.elapsed_ms, 1)}
+        out: dict[str, Any] = {
+            "url": self.url,
+            "final_url": self.final_url,
+            "status": self.status,
+            "elapsed_ms": round(self.elapsed_ms, 1),
+        }
         if self.raw_html is not None:
             out["raw_dom_chars"] = self.raw_chars
         if self.raw_truncated:
@@ -711,13 +770,30 @@ async def read_dom(page: Any, limit: int, timeout_s: float) -> tuple[str, int]:
     async def once(wait: float) -> tuple[str, int]:
         if cdp is not None:
             tree = await asyncio.wait_for(cdp.send("Page.getFrameTree"), wait)
-            world = await asyncio.wait_for(cdp.send("Page.createIsolatedWorld", {
-                "frameId": tree["frameTree"]["frame"]["id"], "worldName": "saasbench-dom"}), wait)
-            reply = await asyncio.wait_for(cdp.send("Runtime.evaluate", {
-                "expression": _CAPTURE_JS % limit, "contextId": world["executionContextId"], "returnByValue": True}), wait)
+            world = await asyncio.wait_for(
+                cdp.send(
+                    "Page.createIsolatedWorld",
+                    {"frameId": tree["frameTree"]["frame"]["id"], "worldName": "saasbench-dom"},
+                ),
+                wait,
+            )
+            reply = await asyncio.wait_for(
+                cdp.send(
+                    "Runtime.evaluate",
+                    {
+                        "expression": _CAPTURE_JS % limit,
+                        "contextId": world["executionContextId"],
+                        "returnByValue": True,
+                    },
+                ),
+                wait,
+            )
             if reply.get("exceptionDetails"):
-                raise RuntimeError("Execution was terminated" if "terminat" in str(reply["exceptionDetails"]).lower()
-                                   else "the page's DOM could not be serialised")
+                raise RuntimeError(
+                    "Execution was terminated"
+                    if "terminat" in str(reply["exceptionDetails"]).lower()
+                    else "the page's DOM could not be serialised"
+                )
             value = (reply.get("result") or {}).get("value")
         else:
             value = await asyncio.wait_for(page.evaluate(_CAPTURE_JS % limit), wait)
@@ -753,9 +829,18 @@ def classify_navigation_error(url: str, exc: BaseException, seconds: float) -> t
     return f"GET {url}: navigation failed: {text[:300]}", False
 
 
-async def load_page(page: Any, url: str, *, deadline: Deadline, wait_until: str = "networkidle",
-                    wait_for_selector: str | None = None, settle_ms: float = 0, guard: Guard | None = None,
-                    capture_limit: int | None = None, fail_status: int = 400) -> Rendered:
+async def load_page(
+    page: Any,
+    url: str,
+    *,
+    deadline: Deadline,
+    wait_until: str = "networkidle",
+    wait_for_selector: str | None = None,
+    settle_ms: float = 0,
+    guard: Guard | None = None,
+    capture_limit: int | None = None,
+    fail_status: int = 400,
+) -> Rendered:
     """Navigate, wait (best effort for the load state), settle, and read the DOM if asked.
 
     - no answer (refused, DNS, timeout before the response) -> ``error`` + ``unreachable``;
@@ -803,7 +888,13 @@ async def load_page(page: Any, url: str, *, deadline: Deadline, wait_until: str 
             out.raw_html, out.raw_chars = await read_dom(page, capture_limit, deadline.left())
             out.raw_truncated = out.raw_chars > capture_limit
         except Exception as exc:  # noqa: BLE001 - the page, context or browser may already be gone; a probe failure is not the step's result
-            message = "renderer busy (timeout)" if isinstance(exc, asyncio.TimeoutError) else str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            message = (
+                "renderer busy (timeout)"
+                if isinstance(exc, asyncio.TimeoutError)
+                else str(exc).splitlines()[0][:200]
+                if str(exc)
+                else type(exc).__name__
+            )
             out.error = out.error or f"could not read the DOM of {url}: {message}"
     out.elapsed_ms = (time.monotonic() - started) * 1000
     return out
@@ -822,9 +913,13 @@ async def screenshot_png(page: Any, *, full_page: bool, deadline: Deadline) -> t
     kwargs: dict[str, Any] = {"type": "png", "full_page": full_page, "animations": "disabled", "caret": "hide"}
     if full_page:
         try:
-            height = await asyncio.wait_for(page.evaluate(
-                "() => Math.max(document.documentElement ? document.documentElement.scrollHeight : 0,"
-                " document.body ? document.body.scrollHeight : 0)"), min(3.0, deadline.left()))
+            height = await asyncio.wait_for(
+                page.evaluate(
+                    "() => Math.max(document.documentElement ? document.documentElement.scrollHeight : 0,"
+                    " document.body ? document.body.scrollHeight : 0)"
+                ),
+                min(3.0, deadline.left()),
+            )
             viewport = page.viewport_size or DEFAULT_VIEWPORT
             if isinstance(height, (int, float)) and height > MAX_SCREENSHOT_HEIGHT:
                 kwargs["clip"] = {"x": 0, "y": 0, "width": viewport["width"], "height": MAX_SCREENSHOT_HEIGHT}

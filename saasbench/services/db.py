@@ -179,8 +179,18 @@ def jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, _dt.timedelta):
         return value.total_seconds()
-    if isinstance(value, (uuid.UUID, ipaddress.IPv4Address, ipaddress.IPv6Address, ipaddress.IPv4Network,
-                          ipaddress.IPv6Network, ipaddress.IPv4Interface, ipaddress.IPv6Interface)):
+    if isinstance(
+        value,
+        (
+            uuid.UUID,
+            ipaddress.IPv4Address,
+            ipaddress.IPv6Address,
+            ipaddress.IPv4Network,
+            ipaddress.IPv6Network,
+            ipaddress.IPv4Interface,
+            ipaddress.IPv6Interface,
+        ),
+    ):
         return str(value)
     if isinstance(value, memoryview):
         value = value.tobytes()
@@ -318,12 +328,12 @@ def bind_placeholders(sql: str, resolve: Callable[[str], Any], dialect: str) -> 
                 if end < 0:
                     emit(sql[i:])
                     break
-                body = sql[m.end():end]
+                body = sql[m.end() : end]
                 if has_placeholder(body):
                     value, _ = substitute(body)
                     emit_param(value)
                 else:
-                    emit(sql[i:end + len(tag)])
+                    emit(sql[i : end + len(tag)])
                 i = end + len(tag)
                 continue
         # words: keywords/identifiers, and literal prefixes E'..' N'..' X'..' B'..'
@@ -336,7 +346,9 @@ def bind_placeholders(sql: str, resolve: Callable[[str], Any], dialect: str) -> 
                 raw = sql[i:end]
                 if has_placeholder(decoded):
                     if word.upper() in ("X", "B"):
-                        raise PlaceholderError(f"placeholder inside a {word.upper()}'' literal cannot be bound: {raw[:60]}")
+                        raise PlaceholderError(
+                            f"placeholder inside a {word.upper()}'' literal cannot be bound: {raw[:60]}"
+                        )
                     value, _ = substitute(decoded)
                     emit_param(value)
                 else:
@@ -509,7 +521,9 @@ class Database(ABC):
     def query(self, sql: Any, params: list[Any] | None = None, *, timeout_s: float | None = None) -> QueryResult:
         """Run one statement (autocommit). Raises :class:`DatabaseError` with the driver's message."""
 
-    def run_template(self, template: Any, resolve: Callable[[str], Any], *, timeout_s: float | None = None) -> tuple[QueryResult, BoundStatement]:
+    def run_template(
+        self, template: Any, resolve: Callable[[str], Any], *, timeout_s: float | None = None
+    ) -> tuple[QueryResult, BoundStatement]:
         """Bind the placeholders of a DAG's SQL template, then run it."""
         bound = self.bind(template, resolve)
         return self.query(bound.text, bound.params, timeout_s=timeout_s), bound
@@ -551,8 +565,11 @@ class Database(ABC):
             in_schema = _pick(all_tables, schema_part, lambda t: t.schema or "")
             found = _pick(in_schema, table_part, lambda t: t.name)
             if found:
-                return found[0], ("" if table_part.matches(found[0].name) and schema_part.matches(found[0].schema or "")
-                                  else f"matched {found[0]} case-insensitively")
+                return found[0], (
+                    ""
+                    if table_part.matches(found[0].name) and schema_part.matches(found[0].schema or "")
+                    else f"matched {found[0]} case-insensitively"
+                )
             elsewhere = _pick(all_tables, table_part, lambda t: t.name)
             return None, (f"a table of that name exists as {', '.join(map(str, elsewhere[:3]))}" if elsewhere else "")
         visible = [t for t in all_tables if t.visible]
@@ -561,7 +578,10 @@ class Database(ABC):
             return found[0], ("" if table_part.matches(found[0].name) else f"matched {found[0]} case-insensitively")
         elsewhere = _pick(all_tables, table_part, lambda t: t.name)
         if elsewhere:
-            return None, f"exists as {', '.join(map(str, elsewhere[:3]))}, which is not on the search path; qualify the name"
+            return (
+                None,
+                f"exists as {', '.join(map(str, elsewhere[:3]))}, which is not on the search path; qualify the name",
+            )
         return None, ""
 
     def table_exists(self, name: str) -> bool:
@@ -636,8 +656,16 @@ def _split_options(dsn: str, options: DbOptions) -> tuple[str, DbOptions]:
 
 def engine_of(dsn: str) -> str:
     scheme = dsn.split(":", 1)[0].lower().split("+", 1)[0]
-    return {"postgresql": "postgresql", "postgres": "postgresql", "pgsql": "postgresql", "mysql": "mysql",
-            "mariadb": "mysql", "sqlite": "sqlite", "sqlite3": "sqlite", "mongodb": "mongodb"}.get(scheme, scheme)
+    return {
+        "postgresql": "postgresql",
+        "postgres": "postgresql",
+        "pgsql": "postgresql",
+        "mysql": "mysql",
+        "mariadb": "mysql",
+        "sqlite": "sqlite",
+        "sqlite3": "sqlite",
+        "mongodb": "mongodb",
+    }.get(scheme, scheme)
 
 
 def open_database(dsn: str, options: DbOptions | None = None) -> Database:
@@ -656,7 +684,9 @@ def open_database(dsn: str, options: DbOptions | None = None) -> Database:
         return SqliteDatabase(clean, opts)
     if engine == "mongodb":
         return MongoDatabase(clean, opts)
-    raise DatabaseError(f"unsupported database DSN scheme {dsn.split(':', 1)[0]!r}: use postgresql://, mysql://, mariadb://, sqlite:/// or mongodb://")
+    raise DatabaseError(
+        f"unsupported database DSN scheme {dsn.split(':', 1)[0]!r}: use postgresql://, mysql://, mariadb://, sqlite:/// or mongodb://"
+    )
 
 
 def get_database(ctx: "RunContext") -> Database:
@@ -678,7 +708,10 @@ def get_database(ctx: "RunContext") -> Database:
         raise NoDatabase(NO_DSN_MESSAGE)
     options = DbOptions()
     run_opts = getattr(ctx, "options", None)
-    for attr, name in (("db_statement_timeout_s", "statement_timeout_s"), ("db_connect_timeout_s", "connect_timeout_s")):
+    for attr, name in (
+        ("db_statement_timeout_s", "statement_timeout_s"),
+        ("db_connect_timeout_s", "connect_timeout_s"),
+    ):
         value = getattr(run_opts, attr, None)
         if isinstance(value, (int, float)) and value > 0:
             setattr(options, name, float(value))
@@ -707,7 +740,12 @@ class PostgresDatabase(Database):
     dialect = "postgresql"
 
     def __init__(self, dsn: str, options: DbOptions):
-        super().__init__(dsn.replace("postgresql+psycopg://", "postgresql://", 1).replace("postgresql+psycopg2://", "postgresql://", 1), options)
+        super().__init__(
+            dsn.replace("postgresql+psycopg://", "postgresql://", 1).replace(
+                "postgresql+psycopg2://", "postgresql://", 1
+            ),
+            options,
+        )
         self._conn: Any = None
         self._timeout_ms: int | None = None
 
@@ -720,8 +758,12 @@ class PostgresDatabase(Database):
             self._conn = None
         if self._conn is None:
             try:
-                self._conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, math.ceil(self.options.connect_timeout_s)),
-                                             application_name="saasbench")
+                self._conn = psycopg.connect(
+                    self.dsn,
+                    autocommit=True,
+                    connect_timeout=max(1, math.ceil(self.options.connect_timeout_s)),
+                    application_name="saasbench",
+                )
             except psycopg.Error as exc:
                 raise DatabaseError(f"cannot connect to {redact_dsn(self.dsn)}: {_first_lines(exc)}") from None
             self._timeout_ms = None
@@ -814,8 +856,17 @@ class PostgresDatabase(Database):
             "WHERE n.nspname = %s AND c.relname = %s ORDER BY i.relname",
             [table.schema, table.name],
         )
-        return [Index(r["name"], list(r["columns"] or []), r["definition"], bool(r["is_unique"]), bool(r["is_primary"]), str(table))
-                for r in res.rows]
+        return [
+            Index(
+                r["name"],
+                list(r["columns"] or []),
+                r["definition"],
+                bool(r["is_unique"]),
+                bool(r["is_primary"]),
+                str(table),
+            )
+            for r in res.rows
+        ]
 
     def close(self) -> None:
         if self._conn is not None:
@@ -828,11 +879,15 @@ class PostgresDatabase(Database):
 def _needs_client_binding(exc: BaseException) -> bool:
     import psycopg
 
-    if isinstance(exc, (psycopg.errors.IndeterminateDatatype, psycopg.errors.AmbiguousParameter, psycopg.errors.UndefinedParameter)):
+    if isinstance(
+        exc,
+        (psycopg.errors.IndeterminateDatatype, psycopg.errors.AmbiguousParameter, psycopg.errors.UndefinedParameter),
+    ):
         return True
     text = str(exc)
     return isinstance(exc, psycopg.errors.SyntaxError) and (
-        "cannot insert multiple commands" in text or re.search(r'at or near "\$\d+"', text) is not None)
+        "cannot insert multiple commands" in text or re.search(r'at or near "\$\d+"', text) is not None
+    )
 
 
 def _first_lines(exc: BaseException, limit: int = 3) -> str:
@@ -868,8 +923,12 @@ class MySqlDatabase(Database):
             parts = urlsplit(self.dsn)
             query = dict(parse_qsl(parts.query))
             kwargs: dict[str, Any] = dict(
-                host=parts.hostname or "127.0.0.1", port=parts.port or 3306, user=unquote(parts.username or "root"),
-                password=unquote(parts.password or ""), charset=query.get("charset", "utf8mb4"), autocommit=True,
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 3306,
+                user=unquote(parts.username or "root"),
+                password=unquote(parts.password or ""),
+                charset=query.get("charset", "utf8mb4"),
+                autocommit=True,
                 connect_timeout=max(1, math.ceil(self.options.connect_timeout_s)),
                 read_timeout=max(1, math.ceil(self.options.statement_timeout_s + 10)),
                 write_timeout=max(1, math.ceil(self.options.statement_timeout_s + 10)),
@@ -1013,12 +1072,19 @@ class SqliteDatabase(Database):
         if self._conn is None:
             try:
                 if self.path == ":memory:":
-                    conn = sqlite3.connect(":memory:", timeout=self.options.busy_timeout_s, isolation_level=None, check_same_thread=False)
+                    conn = sqlite3.connect(
+                        ":memory:", timeout=self.options.busy_timeout_s, isolation_level=None, check_same_thread=False
+                    )
                 else:
                     from urllib.parse import quote
 
-                    conn = sqlite3.connect(f"file:{quote(self.path)}?mode=rw", uri=True, timeout=self.options.busy_timeout_s,
-                                           isolation_level=None, check_same_thread=False)
+                    conn = sqlite3.connect(
+                        f"file:{quote(self.path)}?mode=rw",
+                        uri=True,
+                        timeout=self.options.busy_timeout_s,
+                        isolation_level=None,
+                        check_same_thread=False,
+                    )
             except sqlite3.Error as exc:
                 raise DatabaseError(f"cannot open sqlite database {self.path}: {exc}") from None
             conn.set_progress_handler(self._progress, 2000)
@@ -1060,12 +1126,16 @@ class SqliteDatabase(Database):
         out: list[TableRef] = []
         for schema in self._schemas():
             master = "sqlite_temp_master" if schema == "temp" else f"{quote_ident(schema, 'sqlite')}.sqlite_master"
-            res = self.query(f"SELECT name, type FROM {master} WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")
+            res = self.query(
+                f"SELECT name, type FROM {master} WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name"
+            )
             out += [TableRef(schema, r["name"], r["type"], True) for r in res.rows]
         return out
 
     def _columns(self, table: TableRef) -> list[Column]:
-        res = self.query("SELECT name, type, \"notnull\" AS nn, pk FROM pragma_table_info(?, ?)", [table.name, table.schema or "main"])
+        res = self.query(
+            'SELECT name, type, "notnull" AS nn, pk FROM pragma_table_info(?, ?)', [table.name, table.schema or "main"]
+        )
         out = []
         for r in res.rows:
             declared = r["type"] or ""
@@ -1077,16 +1147,38 @@ class SqliteDatabase(Database):
         schema = table.schema or "main"
         master = "sqlite_temp_master" if schema == "temp" else f"{quote_ident(schema, 'sqlite')}.sqlite_master"
         out = []
-        for r in self.query("SELECT name, \"unique\" AS u, origin FROM pragma_index_list(?, ?)", [table.name, schema]).rows:
-            cols = [c["name"] for c in self.query("SELECT name FROM pragma_index_info(?, ?) ORDER BY seqno", [r["name"], schema]).rows]
+        for r in self.query(
+            'SELECT name, "unique" AS u, origin FROM pragma_index_list(?, ?)', [table.name, schema]
+        ).rows:
+            cols = [
+                c["name"]
+                for c in self.query("SELECT name FROM pragma_index_info(?, ?) ORDER BY seqno", [r["name"], schema]).rows
+            ]
             sql_rows = self.query(f"SELECT sql FROM {master} WHERE type = 'index' AND name = ?", [r["name"]]).rows
             definition = (sql_rows[0]["sql"] if sql_rows and sql_rows[0]["sql"] else None) or (
-                f"{'PRIMARY KEY' if r['origin'] == 'pk' else 'UNIQUE'} ({', '.join(quote_ident(c, 'sqlite') for c in cols if c)})")
-            out.append(Index(r["name"], [c for c in cols if c], definition, bool(r["u"]), r["origin"] == "pk", str(table)))
+                f"{'PRIMARY KEY' if r['origin'] == 'pk' else 'UNIQUE'} ({', '.join(quote_ident(c, 'sqlite') for c in cols if c)})"
+            )
+            out.append(
+                Index(r["name"], [c for c in cols if c], definition, bool(r["u"]), r["origin"] == "pk", str(table))
+            )
         # an INTEGER PRIMARY KEY is the rowid: no index row, but it is indexed
-        pk = [c for c in self.query("SELECT name, type, pk FROM pragma_table_info(?, ?) WHERE pk > 0", [table.name, schema]).rows]
+        pk = [
+            c
+            for c in self.query(
+                "SELECT name, type, pk FROM pragma_table_info(?, ?) WHERE pk > 0", [table.name, schema]
+            ).rows
+        ]
         if len(pk) == 1 and (pk[0]["type"] or "").upper() == "INTEGER" and not any(i.primary for i in out):
-            out.append(Index(f"{table.name}_rowid_pk", [pk[0]["name"]], f"INTEGER PRIMARY KEY ({quote_ident(pk[0]['name'], 'sqlite')})", True, True, str(table)))
+            out.append(
+                Index(
+                    f"{table.name}_rowid_pk",
+                    [pk[0]["name"]],
+                    f"INTEGER PRIMARY KEY ({quote_ident(pk[0]['name'], 'sqlite')})",
+                    True,
+                    True,
+                    str(table),
+                )
+            )
         return out
 
     def close(self) -> None:
@@ -1134,8 +1226,13 @@ class MongoDatabase(Database):
         if self._db is None:
             ms = int(self.options.connect_timeout_s * 1000)
             try:
-                client = pymongo.MongoClient(self.dsn, serverSelectionTimeoutMS=ms, connectTimeoutMS=ms,
-                                             socketTimeoutMS=int((self.options.statement_timeout_s + 10) * 1000), appname="saasbench")
+                client = pymongo.MongoClient(
+                    self.dsn,
+                    serverSelectionTimeoutMS=ms,
+                    connectTimeoutMS=ms,
+                    socketTimeoutMS=int((self.options.statement_timeout_s + 10) * 1000),
+                    appname="saasbench",
+                )
                 db = client.get_default_database()
             except pymongo.errors.ConfigurationError as exc:
                 raise DatabaseError(f"mongodb DSN must name a database (mongodb://host:port/<db>): {exc}") from None
@@ -1151,7 +1248,7 @@ class MongoDatabase(Database):
         elif isinstance(template, dict):
             doc = template
         else:
-            raise DatabaseError("a MongoDB query is a JSON object: {\"collection\": ..., \"find\": {...}}")
+            raise DatabaseError('a MongoDB query is a JSON object: {"collection": ..., "find": {...}}')
 
         def walk(v: Any) -> Any:
             if isinstance(v, str):
@@ -1160,7 +1257,9 @@ class MongoDatabase(Database):
                     names.append(v)
                     value = resolve(v)
                     if _has_operator_keys(value):
-                        raise PlaceholderError(f"the value of {v} holds MongoDB operators ($-keys); refusing to use it in a query")
+                        raise PlaceholderError(
+                            f"the value of {v} holds MongoDB operators ($-keys); refusing to use it in a query"
+                        )
                     return value
 
                 def one(m: re.Match) -> str:
@@ -1254,8 +1353,17 @@ class MongoDatabase(Database):
             info = self._database()[table.name].index_information()
         except pymongo.errors.PyMongoError as exc:
             raise DatabaseError(_first_lines(exc)) from None
-        return [Index(name, [k for k, _ in spec.get("key", [])], json.dumps(jsonable(spec), sort_keys=True),
-                      bool(spec.get("unique")) or name == "_id_", name == "_id_", table.name) for name, spec in info.items()]
+        return [
+            Index(
+                name,
+                [k for k, _ in spec.get("key", [])],
+                json.dumps(jsonable(spec), sort_keys=True),
+                bool(spec.get("unique")) or name == "_id_",
+                name == "_id_",
+                table.name,
+            )
+            for name, spec in info.items()
+        ]
 
     def close(self) -> None:
         if self._client is not None:
@@ -1302,7 +1410,7 @@ def _parse_mongo_json(text: str) -> Any:
     """Parse a JSON query, quoting bare ``{{x}}`` / ``${X}`` placeholders outside strings first."""
     out, pos = [], 0
     for m in _JSON_STRING.finditer(text):
-        out.append(_quote_bare(text[pos:m.start()]))
+        out.append(_quote_bare(text[pos : m.start()]))
         out.append(m.group(0))
         pos = m.end()
     out.append(_quote_bare(text[pos:]))
@@ -1325,4 +1433,3 @@ def _mongo_rows(docs: list[dict]) -> QueryResult:
                 cols.append(k)
     rows = [{k: jsonable(v) for k, v in d.items()} for d in docs[:MAX_ROWS]]
     return QueryResult(cols, rows, len(docs), True, len(docs) > MAX_ROWS)
-

@@ -76,8 +76,14 @@ class HttpResponse:
 
 
 class HttpClient:
-    def __init__(self, base_url: str, *, max_bytes: int = DEFAULT_MAX_BYTES, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 origin_aliases: list[str] | tuple[str, ...] = ()):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        origin_aliases: list[str] | tuple[str, ...] = (),
+    ):
         self.base_url = base_url.rstrip("/") + "/"
         # Origins that mean "the app" in a DAG written for another machine (http://localhost:8021 on the
         # benchmark's host): absolute URLs on them are sent to base_url instead.
@@ -149,7 +155,9 @@ class HttpClient:
             size = 0
             declared = response.headers.get("content-length")
             if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                raise ResponseTooLarge(f"response body of {int(declared)} bytes exceeds the {self.max_bytes}-byte cap; not read")
+                raise ResponseTooLarge(
+                    f"response body of {int(declared)} bytes exceeds the {self.max_bytes}-byte cap; not read"
+                )
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > self.max_bytes:
@@ -185,7 +193,7 @@ def parse_body(text: str, content_type: str) -> tuple[Any, bool, str | None]:
     stripped = text.strip()
     if not stripped:
         return None, False, None
-    looks_json = "json" in content_type.lower() or stripped[0] in "[{\"" or stripped in {"true", "false", "null"}
+    looks_json = "json" in content_type.lower() or stripped[0] in '[{"' or stripped in {"true", "false", "null"}
     if looks_json:
         try:
             return json.loads(stripped), True, None

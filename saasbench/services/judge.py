@@ -94,8 +94,9 @@ def image_data_url(image: bytes | str) -> str:
     return f"data:{mime};base64,{base64.b64encode(image).decode('ascii')}"
 
 
-def build_messages(rubric: str, evidence: str, score_range: tuple[float, float],
-                   images: Sequence[bytes | str] = ()) -> list[dict[str, Any]]:
+def build_messages(
+    rubric: str, evidence: str, score_range: tuple[float, float], images: Sequence[bytes | str] = ()
+) -> list[dict[str, Any]]:
     """The two messages sent to the judge (images as multimodal ``image_url`` parts)."""
     text = user_message(rubric, evidence)
     if images:
@@ -112,8 +113,17 @@ def _sha256(text: str | bytes) -> str:
 
 def prompt_hash(rubric: str, score_range: tuple[float, float]) -> str:
     """Hash of everything sent except the evidence: template, system message and rubric."""
-    return _sha256(json.dumps({"template": TEMPLATE_VERSION, "system": system_message(score_range),
-                               "user": USER_TEMPLATE, "rubric": rubric}, sort_keys=True))
+    return _sha256(
+        json.dumps(
+            {
+                "template": TEMPLATE_VERSION,
+                "system": system_message(score_range),
+                "user": USER_TEMPLATE,
+                "rubric": rubric,
+            },
+            sort_keys=True,
+        )
+    )
 
 
 def evidence_digest(evidence: str, images: Sequence[bytes | str] = ()) -> str:
@@ -134,7 +144,9 @@ class ParsedReply:
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON|javascript)?[ \t]*\n?(.*?)```", re.DOTALL)
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
-_SCORE_LINE_RE = re.compile(rf"(?im)^[\s>*#_`\-]*(?:final\s+|overall\s+|total\s+)?score\b[^\d\n\-+]{{0,12}}({_NUMBER})(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?")
+_SCORE_LINE_RE = re.compile(
+    rf"(?im)^[\s>*#_`\-]*(?:final\s+|overall\s+|total\s+)?score\b[^\d\n\-+]{{0,12}}({_NUMBER})(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?"
+)
 _SCORE_ANY_RE = re.compile(rf"(?i)\bscore\b[^\d\n\-+]{{0,12}}({_NUMBER})(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?")
 _REASON_RE = re.compile(r'"reason(?:ing)?"\s*:\s*"((?:[^"\\]|\\.)*)', re.DOTALL)
 
@@ -159,8 +171,19 @@ def _from_obj(obj: Any) -> tuple[float, float | None, str | None] | None:
             got = _as_score(value)
             if got is None:
                 return None
-            reason = next((v for k, v in obj.items() if isinstance(k, str) and k.lower() in ("reasoning", "reason", "explanation")), None)
-            return got[0], got[1], (reason if isinstance(reason, str) else (json.dumps(reason) if reason is not None else None))
+            reason = next(
+                (
+                    v
+                    for k, v in obj.items()
+                    if isinstance(k, str) and k.lower() in ("reasoning", "reason", "explanation")
+                ),
+                None,
+            )
+            return (
+                got[0],
+                got[1],
+                (reason if isinstance(reason, str) else (json.dumps(reason) if reason is not None else None)),
+            )
     return None
 
 
@@ -240,10 +263,16 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(hide_input_in_errors=True, extra="forbid")
 
-    model: str = Field(min_length=1, description="Any litellm model string, e.g. 'anthropic/claude-sonnet-4-5' or 'openai/<name>' with api_base")
+    model: str = Field(
+        min_length=1,
+        description="Any litellm model string, e.g. 'anthropic/claude-sonnet-4-5' or 'openai/<name>' with api_base",
+    )
     api_base: str | None = Field(default=None, description="OpenAI-compatible base URL (a local server, a proxy)")
-    api_key_env: str | None = Field(default=None, description="Name of the environment variable holding the API key, read at call time. "
-                                    "None: litellm's provider default (e.g. OPENAI_API_KEY); with api_base set and no name, a dummy key is sent")
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the API key, read at call time. "
+        "None: litellm's provider default (e.g. OPENAI_API_KEY); with api_base set and no name, a dummy key is sent",
+    )
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     max_tokens: int = Field(default=1024, ge=1)
     timeout_s: float = Field(default=120.0, gt=0)
@@ -251,15 +280,22 @@ class JudgeConfig(BaseModel):
     backoff_base_s: float = Field(default=1.0, ge=0, description="Wait before retry i is base * 2**i ...")
     backoff_cap_s: float = Field(default=60.0, ge=0, description="... capped here (Retry-After too)")
     parse_retries: int = Field(default=1, ge=0, description="Identical re-asks after an unparseable reply")
-    votes: int = Field(default=1, ge=1, description="k: independent calls; the score is their median, the spread max-min")
+    votes: int = Field(
+        default=1, ge=1, description="k: independent calls; the score is their median, the spread max-min"
+    )
     cache_dir: Path | None = Field(default=None, description="Disk cache folder; None keeps the cache in memory only")
-    drop_params: bool = Field(default=True, description="Let litellm drop parameters a model rejects (e.g. temperature on some reasoning models)")
+    drop_params: bool = Field(
+        default=True,
+        description="Let litellm drop parameters a model rejects (e.g. temperature on some reasoning models)",
+    )
 
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
         if value is not None and not _ENV_NAME_RE.match(value):
-            raise ValueError("api_key_env must be the NAME of an environment variable (letters, digits, underscore), not a key")
+            raise ValueError(
+                "api_key_env must be the NAME of an environment variable (letters, digits, underscore), not a key"
+            )
         return value
 
 
@@ -323,9 +359,19 @@ class JudgeError(_failures.JudgeError):
         self.retry_after = retry_after
 
 
-_TRANSIENT_NAMES = {"Timeout", "APITimeoutError", "APIConnectionError", "RateLimitError", "InternalServerError",
-                    "ServiceUnavailableError", "BadGatewayError", "ConnectError", "ReadTimeout", "ConnectTimeout",
-                    "RemoteProtocolError"}
+_TRANSIENT_NAMES = {
+    "Timeout",
+    "APITimeoutError",
+    "APIConnectionError",
+    "RateLimitError",
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "BadGatewayError",
+    "ConnectError",
+    "ReadTimeout",
+    "ConnectTimeout",
+    "RemoteProtocolError",
+}
 _PERMANENT_STATUS = {400, 401, 403, 404, 405, 413, 422}
 
 
@@ -372,8 +418,13 @@ def _litellm() -> Any:
 class Judge:
     """A configured judge. Thread-safe; :meth:`score` never raises for API or reply problems."""
 
-    def __init__(self, config: JudgeConfig, *, completion: Callable[..., Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        config: JudgeConfig,
+        *,
+        completion: Callable[..., Any] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.config = config
         self.calls: list[JudgeCall] = []
         self._completion = completion
@@ -385,9 +436,16 @@ class Judge:
         return f"Judge(model={self.config.model!r}, api_base={self.config.api_base!r}, api_key_env={self.config.api_key_env!r})"
 
     # --- public -----------------------------------------------------------------------------------
-    def score(self, rubric: str, evidence: str, score_range: tuple[float, float] | Sequence[float],
-              images: Sequence[bytes | str] = (), *, tags: dict[str, Any] | None = None,
-              deadline_s: float | None = None) -> JudgeVerdict:
+    def score(
+        self,
+        rubric: str,
+        evidence: str,
+        score_range: tuple[float, float] | Sequence[float],
+        images: Sequence[bytes | str] = (),
+        *,
+        tags: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
+    ) -> JudgeVerdict:
         """Score ``evidence`` against ``rubric`` on ``score_range`` [lo, hi].
 
         ``images`` are PNG/JPEG bytes or data URLs. ``deadline_s`` bounds the whole call
@@ -400,36 +458,79 @@ class Judge:
         e_digest = evidence_digest(evidence, images)
         deadline = time.monotonic() + deadline_s if deadline_s is not None and math.isfinite(deadline_s) else None
         if not hi > lo:
-            return JudgeVerdict(score_range=rng, model=model, prompt_hash=p_hash, evidence_digest=e_digest,
-                                error=f"invalid score_range [{lo:g}, {hi:g}]")
+            return JudgeVerdict(
+                score_range=rng,
+                model=model,
+                prompt_hash=p_hash,
+                evidence_digest=e_digest,
+                error=f"invalid score_range [{lo:g}, {hi:g}]",
+            )
         messages = build_messages(rubric, evidence, rng, images)
-        calls = [self._vote(i, messages, rubric, rng, p_hash, e_digest, len(evidence), len(images), dict(tags or {}), deadline)
-                 for i in range(self.config.votes)]
+        calls = [
+            self._vote(
+                i, messages, rubric, rng, p_hash, e_digest, len(evidence), len(images), dict(tags or {}), deadline
+            )
+            for i in range(self.config.votes)
+        ]
         ok = [c for c in calls if c.error is None and c.score is not None]
-        base = dict(score_range=rng, model=model, prompt_hash=p_hash, evidence_digest=e_digest,
-                    latency_ms=round(sum(c.latency_ms for c in calls), 3),
-                    tokens_in=_sum_opt(c.tokens_in for c in calls), tokens_out=_sum_opt(c.tokens_out for c in calls),
-                    cached=all(c.cached for c in calls), attempts=sum(c.attempts for c in calls))
+        base = dict(
+            score_range=rng,
+            model=model,
+            prompt_hash=p_hash,
+            evidence_digest=e_digest,
+            latency_ms=round(sum(c.latency_ms for c in calls), 3),
+            tokens_in=_sum_opt(c.tokens_in for c in calls),
+            tokens_out=_sum_opt(c.tokens_out for c in calls),
+            cached=all(c.cached for c in calls),
+            attempts=sum(c.attempts for c in calls),
+        )
         if not ok:
             last = calls[-1]
             return JudgeVerdict(**base, raw_reply=last.raw_reply, error=last.error or "no score")
         scores = [c.score for c in ok]  # type: ignore[misc]
         first = ok[0]
-        return JudgeVerdict(**base, score=float(statistics.median(scores)), reasoning=first.reasoning, raw_reply=first.raw_reply,
-                            votes=scores, spread=max(scores) - min(scores) if len(calls) > 1 else None,
-                            error=None)
+        return JudgeVerdict(
+            **base,
+            score=float(statistics.median(scores)),
+            reasoning=first.reasoning,
+            raw_reply=first.raw_reply,
+            votes=scores,
+            spread=max(scores) - min(scores) if len(calls) > 1 else None,
+            error=None,
+        )
 
     # --- one vote ---------------------------------------------------------------------------------
     def cache_key(self, p_hash: str, e_digest: str, vote: int = 0) -> str:
         key = f"{self.config.model}\n{p_hash}\n{e_digest}"
         return _sha256(key if vote == 0 else f"{key}\nvote={vote}")
 
-    def _vote(self, vote: int, messages: list[dict[str, Any]], rubric: str, rng: tuple[float, float], p_hash: str,
-              e_digest: str, evidence_chars: int, n_images: int, tags: dict[str, Any], deadline: float | None) -> JudgeCall:
+    def _vote(
+        self,
+        vote: int,
+        messages: list[dict[str, Any]],
+        rubric: str,
+        rng: tuple[float, float],
+        p_hash: str,
+        e_digest: str,
+        evidence_chars: int,
+        n_images: int,
+        tags: dict[str, Any],
+        deadline: float | None,
+    ) -> JudgeCall:
         key = self.cache_key(p_hash, e_digest, vote)
-        call = JudgeCall(at=_now(), model=self.config.model, prompt_hash=p_hash, evidence_digest=e_digest, cache_key=key,
-                         vote=vote, rubric=rubric[:REPLY_RECORD_CHARS], score_range=rng, evidence_chars=evidence_chars,
-                         images=n_images, tags=tags)
+        call = JudgeCall(
+            at=_now(),
+            model=self.config.model,
+            prompt_hash=p_hash,
+            evidence_digest=e_digest,
+            cache_key=key,
+            vote=vote,
+            rubric=rubric[:REPLY_RECORD_CHARS],
+            score_range=rng,
+            evidence_chars=evidence_chars,
+            images=n_images,
+            tags=tags,
+        )
         hit = self._cache_get(key)
         parsed = parse_reply(hit.get("raw_reply")) if hit else None
         if hit and parsed is not None:
@@ -497,7 +598,7 @@ class Judge:
         return call
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        wait = self.config.backoff_base_s * (2 ** attempt)
+        wait = self.config.backoff_base_s * (2**attempt)
         if retry_after is not None and retry_after > wait:
             wait = retry_after
         return min(wait, self.config.backoff_cap_s)
@@ -511,11 +612,21 @@ class Judge:
             return JudgeError(f"judge API key variable {name} is unset or empty", transient=False)
         return value
 
-    def _complete(self, messages: list[dict[str, Any]], api_key: str | None, timeout: float) -> tuple[str | None, int | None, int | None]:
+    def _complete(
+        self, messages: list[dict[str, Any]], api_key: str | None, timeout: float
+    ) -> tuple[str | None, int | None, int | None]:
         """One completion: (content, tokens in, tokens out), or :class:`JudgeError`."""
         cfg = self.config
-        kwargs: dict[str, Any] = dict(model=cfg.model, messages=messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                      timeout=timeout, num_retries=0, max_retries=0, drop_params=cfg.drop_params)
+        kwargs: dict[str, Any] = dict(
+            model=cfg.model,
+            messages=messages,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            timeout=timeout,
+            num_retries=0,
+            max_retries=0,
+            drop_params=cfg.drop_params,
+        )
         if cfg.api_base:
             kwargs["api_base"] = cfg.api_base
         if api_key is not None:
@@ -539,7 +650,11 @@ class Judge:
         if isinstance(content, list):  # some providers return content parts
             content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
         usage = getattr(response, "usage", None)
-        return content, _int_or_none(getattr(usage, "prompt_tokens", None)), _int_or_none(getattr(usage, "completion_tokens", None))
+        return (
+            content,
+            _int_or_none(getattr(usage, "prompt_tokens", None)),
+            _int_or_none(getattr(usage, "completion_tokens", None)),
+        )
 
     # --- cache ------------------------------------------------------------------------------------
     def _cache_path(self, key: str) -> Path | None:
@@ -566,9 +681,18 @@ class Judge:
         return entry
 
     def _cache_put(self, key: str, call: JudgeCall) -> None:
-        entry = {"model": call.model, "prompt_hash": call.prompt_hash, "evidence_digest": call.evidence_digest, "vote": call.vote,
-                 "raw_reply": call.raw_reply, "parsed_score": call.parsed_score, "tokens_in": call.tokens_in,
-                 "tokens_out": call.tokens_out, "created_at": call.at, "template": TEMPLATE_VERSION}
+        entry = {
+            "model": call.model,
+            "prompt_hash": call.prompt_hash,
+            "evidence_digest": call.evidence_digest,
+            "vote": call.vote,
+            "raw_reply": call.raw_reply,
+            "parsed_score": call.parsed_score,
+            "tokens_in": call.tokens_in,
+            "tokens_out": call.tokens_out,
+            "created_at": call.at,
+            "template": TEMPLATE_VERSION,
+        }
         with self._lock:
             self._memory[key] = entry
         path = self._cache_path(key)
@@ -621,46 +745,242 @@ MIN_PIECE_CHARS = 200
 TAIL_READ_BYTES = 1024 * 1024
 MAX_IMAGES = 4
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
-EVIDENCE_SKIP_DIRS = frozenset({
-    "node_modules", ".git", "dist", "build", "vendor", "tests", "test", "__tests__", "spec", "__pycache__",
-    ".venv", "venv", "coverage", ".next", ".nuxt", "target", "tmp", ".cache", "log", "logs",
-})
-_LOCK_FILES = frozenset({"package-lock.json", "yarn.lock", "pnpm-lock.yaml", "poetry.lock", "cargo.lock", "gemfile.lock",
-                         "composer.lock", "go.sum", "uv.lock", "pipfile.lock", "bun.lockb"})
+EVIDENCE_SKIP_DIRS = frozenset(
+    {
+        "node_modules",
+        ".git",
+        "dist",
+        "build",
+        "vendor",
+        "tests",
+        "test",
+        "__tests__",
+        "spec",
+        "__pycache__",
+        ".venv",
+        "venv",
+        "coverage",
+        ".next",
+        ".nuxt",
+        "target",
+        "tmp",
+        ".cache",
+        "log",
+        "logs",
+    }
+)
+_LOCK_FILES = frozenset(
+    {
+        "package-lock.json",
+        "yarn.lock",
+        "pnpm-lock.yaml",
+        "poetry.lock",
+        "cargo.lock",
+        "gemfile.lock",
+        "composer.lock",
+        "go.sum",
+        "uv.lock",
+        "pipfile.lock",
+        "bun.lockb",
+    }
+)
 _EXT_CLASS: dict[str, int] = {}
-for _cls, _exts in enumerate((
-    # 0: application source
-    "py rb go java kt kts rs php cs ex exs scala swift ts tsx js jsx mjs cjs vue svelte erl hs clj dart lua pl",
-    # 1: schema, routes, config
-    "sql prisma graphql gql proto json yaml yml toml ini cfg conf xml gradle env properties tf",
-    # 2: templates and styles
-    "html htm erb haml slim hbs handlebars ejs njk jinja jinja2 j2 twig liquid mustache css scss sass less",
-    # 3: docs
-    "md rst txt adoc",
-)):
+for _cls, _exts in enumerate(
+    (
+        # 0: application source
+        "py rb go java kt kts rs php cs ex exs scala swift ts tsx js jsx mjs cjs vue svelte erl hs clj dart lua pl",
+        # 1: schema, routes, config
+        "sql prisma graphql gql proto json yaml yml toml ini cfg conf xml gradle env properties tf",
+        # 2: templates and styles
+        "html htm erb haml slim hbs handlebars ejs njk jinja jinja2 j2 twig liquid mustache css scss sass less",
+        # 3: docs
+        "md rst txt adoc",
+    )
+):
     for _e in _exts.split():
         _EXT_CLASS[_e] = _cls
 _EXT_CLASS_OTHER = 4
-_BINARY_EXTS = frozenset({
-    "png", "jpg", "jpeg", "gif", "webp", "bmp", "ico", "svg", "pdf", "zip", "gz", "tgz", "bz2", "xz", "7z", "rar",
-    "jar", "war", "class", "so", "dylib", "dll", "exe", "bin", "o", "a", "pyc", "woff", "woff2", "ttf", "otf",
-    "eot", "mp3", "mp4", "mov", "avi", "webm", "wav", "ogg", "sqlite", "db", "lockb", "map",
-})
+_BINARY_EXTS = frozenset(
+    {
+        "png",
+        "jpg",
+        "jpeg",
+        "gif",
+        "webp",
+        "bmp",
+        "ico",
+        "svg",
+        "pdf",
+        "zip",
+        "gz",
+        "tgz",
+        "bz2",
+        "xz",
+        "7z",
+        "rar",
+        "jar",
+        "war",
+        "class",
+        "so",
+        "dylib",
+        "dll",
+        "exe",
+        "bin",
+        "o",
+        "a",
+        "pyc",
+        "woff",
+        "woff2",
+        "ttf",
+        "otf",
+        "eot",
+        "mp3",
+        "mp4",
+        "mov",
+        "avi",
+        "webm",
+        "wav",
+        "ogg",
+        "sqlite",
+        "db",
+        "lockb",
+        "map",
+    }
+)
 _SPECIAL_NAMES = {"dockerfile": 1, "makefile": 1, "procfile": 1, "gemfile": 1, "rakefile": 0, ".env.example": 1}
-_STOPWORDS = frozenset({
-    "about", "above", "after", "again", "against", "also", "among", "another", "answer", "anything", "appropriate",
-    "approach", "award", "based", "been", "before", "being", "below", "best", "between", "both", "brief", "check",
-    "clear", "code", "codebase", "correct", "correctly", "criteria", "criterion", "does", "doing", "done", "each",
-    "either", "evaluate", "evaluation", "evidence", "example", "exist", "exists", "explanation", "file", "files",
-    "from", "full", "give", "given", "good", "grade", "high", "into", "json", "least", "less", "look", "make",
-    "many", "meets", "more", "most", "much", "must", "none", "only", "other", "output", "over", "partial", "point",
-    "points", "present", "properly", "provide", "quality", "range", "rate", "rating", "reason", "reasoning",
-    "relevant", "response", "rubric", "same", "score", "scores", "scoring", "shall", "should", "show", "shows",
-    "some", "such", "than", "that", "their", "them", "then", "there", "these", "they", "this", "those", "through",
-    "very", "well", "were", "what", "when", "where", "which", "while", "whether", "with", "within", "without",
-    "would", "your", "goal", "anchors", "implementation", "implemented", "implements", "uses", "using", "used",
-    "judge", "integer", "evaluator",
-})
+_STOPWORDS = frozenset(
+    {
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "also",
+        "among",
+        "another",
+        "answer",
+        "anything",
+        "appropriate",
+        "approach",
+        "award",
+        "based",
+        "been",
+        "before",
+        "being",
+        "below",
+        "best",
+        "between",
+        "both",
+        "brief",
+        "check",
+        "clear",
+        "code",
+        "codebase",
+        "correct",
+        "correctly",
+        "criteria",
+        "criterion",
+        "does",
+        "doing",
+        "done",
+        "each",
+        "either",
+        "evaluate",
+        "evaluation",
+        "evidence",
+        "example",
+        "exist",
+        "exists",
+        "explanation",
+        "file",
+        "files",
+        "from",
+        "full",
+        "give",
+        "given",
+        "good",
+        "grade",
+        "high",
+        "into",
+        "json",
+        "least",
+        "less",
+        "look",
+        "make",
+        "many",
+        "meets",
+        "more",
+        "most",
+        "much",
+        "must",
+        "none",
+        "only",
+        "other",
+        "output",
+        "over",
+        "partial",
+        "point",
+        "points",
+        "present",
+        "properly",
+        "provide",
+        "quality",
+        "range",
+        "rate",
+        "rating",
+        "reason",
+        "reasoning",
+        "relevant",
+        "response",
+        "rubric",
+        "same",
+        "score",
+        "scores",
+        "scoring",
+        "shall",
+        "should",
+        "show",
+        "shows",
+        "some",
+        "such",
+        "than",
+        "that",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "very",
+        "well",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "whether",
+        "with",
+        "within",
+        "without",
+        "would",
+        "your",
+        "goal",
+        "anchors",
+        "implementation",
+        "implemented",
+        "implements",
+        "uses",
+        "using",
+        "used",
+        "judge",
+        "integer",
+        "evaluator",
+    }
+)
 
 
 class FileEntry(Protocol):
@@ -751,8 +1071,6 @@ def _rank_key(rel: str, cls: int, keywords: Sequence[str]) -> tuple[int, int, st
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-
-
 class _Walker:
     """Cached walks of one file source, on the one walk (saasbench.services.workspace.Walk)."""
 
@@ -795,10 +1113,19 @@ def _escapes(rel: str) -> bool:
     return False
 
 
-def code_evidence(fs: FileSource, entries: Sequence[str], rubric: str, *, per_file_chars: int = PER_FILE_CHARS,
-                  total_chars: int = TOTAL_CHARS, max_files: int = MAX_FILES, extensions: Sequence[str] | None = None,
-                  strategy: str = "head", skip_dirs: frozenset[str] = EVIDENCE_SKIP_DIRS,
-                  remaining: Callable[[], float] | None = None) -> Evidence | NoEvidence:
+def code_evidence(
+    fs: FileSource,
+    entries: Sequence[str],
+    rubric: str,
+    *,
+    per_file_chars: int = PER_FILE_CHARS,
+    total_chars: int = TOTAL_CHARS,
+    max_files: int = MAX_FILES,
+    extensions: Sequence[str] | None = None,
+    strategy: str = "head",
+    skip_dirs: frozenset[str] = EVIDENCE_SKIP_DIRS,
+    remaining: Callable[[], float] | None = None,
+) -> Evidence | NoEvidence:
     """Deterministic, ranked, budgeted sample of workspace files.
 
     ``entries`` are files, directories, globs (``src/**/*.ts``) or ``keyword:<word>`` (files whose
@@ -888,7 +1215,9 @@ def code_evidence(fs: FileSource, entries: Sequence[str], rubric: str, *, per_fi
     listing_files = sorted(f.rel for f in walker.files("."))
     header = ["# Workspace evidence", ""]
     if fallback:
-        header.append("None of the requested entries matched a file; sampled the whole workspace ranked by rubric keywords.")
+        header.append(
+            "None of the requested entries matched a file; sampled the whole workspace ranked by rubric keywords."
+        )
     header.append("Requested entries:")
     for raw, kind, cands in plans:
         header.append(f"- {raw} [{kind}]: {len(cands)} candidate file(s)")
@@ -900,7 +1229,9 @@ def code_evidence(fs: FileSource, entries: Sequence[str], rubric: str, *, per_fi
             break
         shown.append(rel)
         used += len(rel) + 1
-    header.append(f"## File listing ({len(shown)} of {len(listing_files)} files; skipped folders: {', '.join(sorted(skip_dirs))})")
+    header.append(
+        f"## File listing ({len(shown)} of {len(listing_files)} files; skipped folders: {', '.join(sorted(skip_dirs))})"
+    )
     header.extend(shown)
     if len(shown) < len(listing_files):
         header.append(f"... {len(listing_files) - len(shown)} more")
@@ -961,11 +1292,17 @@ def code_evidence(fs: FileSource, entries: Sequence[str], rubric: str, *, per_fi
 
     if not chosen:
         asked = ", ".join(raw_entries)
-        why = "the workspace has no readable text files" if not listing_files else f"no readable text file matched ({asked})"
+        why = (
+            "the workspace has no readable text files"
+            if not listing_files
+            else f"no readable text file matched ({asked})"
+        )
         return NoEvidence(f"no evidence: {why}")
     text = "\n".join(text_parts)
     summary = {
-        "entries": [{"entry": raw, "kind": kind, "candidates": len(c), "sampled": n} for (raw, kind, c), n in zip(plans, taken)],
+        "entries": [
+            {"entry": raw, "kind": kind, "candidates": len(c), "sampled": n} for (raw, kind, c), n in zip(plans, taken)
+        ],
         "files": chosen,
         "fallback_whole_workspace": fallback,
         "truncated_files": truncated,
@@ -1008,7 +1345,9 @@ def _read_text(fs: FileSource, rel: str, chars: int, tail: bool) -> tuple[str, b
 def response_evidence(response: Any, *, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
     """The last HTTP response (status, content type, path without query, body text) capped."""
     if response is None:
-        return NoEvidence("no evidence: no HTTP response to judge (the app did not answer, or no request was sent)", unreachable=True)
+        return NoEvidence(
+            "no evidence: no HTTP response to judge (the app did not answer, or no request was sent)", unreachable=True
+        )
     text = getattr(response, "text", None)
     if text is None:
         body = getattr(response, "body", None)
@@ -1016,14 +1355,25 @@ def response_evidence(response: Any, *, total_chars: int = TOTAL_CHARS) -> Evide
     headers = getattr(response, "headers", {}) or {}
     ctype = headers.get("content-type", "") if isinstance(headers, dict) else ""
     path = urlsplit(str(getattr(response, "url", "") or "")).path or "/"
-    head = f"HTTP {getattr(response, 'status', '?')} {ctype}".rstrip() + f"\nRequest: {getattr(response, 'method', '')} {path}\n\n"
+    head = (
+        f"HTTP {getattr(response, 'status', '?')} {ctype}".rstrip()
+        + f"\nRequest: {getattr(response, 'method', '')} {path}\n\n"
+    )
     room = max(0, total_chars - len(head))
     body = text[:room]
     note = f"\n[first {len(body)} of {len(text)} chars]" if len(text) > room else ""
     if not text.strip():
         return NoEvidence(f"no evidence: the last response (HTTP {getattr(response, 'status', '?')}) has an empty body")
-    return Evidence(text=head + body + note, kind="http_response", summary={"status": getattr(response, "status", None),
-                    "path": path, "chars": len(body), "truncated": bool(note)})
+    return Evidence(
+        text=head + body + note,
+        kind="http_response",
+        summary={
+            "status": getattr(response, "status", None),
+            "path": path,
+            "chars": len(body),
+            "truncated": bool(note),
+        },
+    )
 
 
 def dom_evidence(dom: str | None, *, fallback: Any = None, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
@@ -1037,11 +1387,14 @@ def dom_evidence(dom: str | None, *, fallback: Any = None, total_chars: int = TO
     assert isinstance(dom, str)
     body = dom[:total_chars]
     note = f"\n[first {len(body)} of {len(dom)} chars]" if len(dom) > total_chars else ""
-    return Evidence(text=body + note, kind="rendered_dom", summary={"source": source, "chars": len(body), "truncated": bool(note)})
+    return Evidence(
+        text=body + note, kind="rendered_dom", summary={"source": source, "chars": len(body), "truncated": bool(note)}
+    )
 
 
-def screenshot_evidence(paths: Sequence[str | Path], *, dom: str | None = None, max_images: int = MAX_IMAGES,
-                        total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
+def screenshot_evidence(
+    paths: Sequence[str | Path], *, dom: str | None = None, max_images: int = MAX_IMAGES, total_chars: int = TOTAL_CHARS
+) -> Evidence | NoEvidence:
     """The latest ``max_images`` screenshots (PNG/JPEG files written by SCREENSHOT) as images,
     with the rendered DOM as text when there is one."""
     chosen = list(paths)[-max_images:] if max_images > 0 else []
@@ -1069,9 +1422,17 @@ def screenshot_evidence(paths: Sequence[str | Path], *, dom: str | None = None, 
     lines = [f"{len(images)} screenshot(s) attached: {', '.join(names)}"]
     if isinstance(dom, str) and dom.strip():
         room = max(0, total_chars - 200)
-        lines += ["", "## Rendered DOM", dom[:room] + (f"\n[first {room} of {len(dom)} chars]" if len(dom) > room else "")]
-    return Evidence(text="\n".join(lines), kind="screenshot", images=images,
-                    summary={"screenshots": names, "problems": problems, "with_dom": bool(dom), "chars": sum(map(len, lines))})
+        lines += [
+            "",
+            "## Rendered DOM",
+            dom[:room] + (f"\n[first {room} of {len(dom)} chars]" if len(dom) > room else ""),
+        ]
+    return Evidence(
+        text="\n".join(lines),
+        kind="screenshot",
+        images=images,
+        summary={"screenshots": names, "problems": problems, "with_dom": bool(dom), "chars": sum(map(len, lines))},
+    )
 
 
 # --- evidence of the public-DAG dialects (docs/dag-semantics.md "P17 evidence types") ---------------
@@ -1093,9 +1454,15 @@ def _body_text(response: Any) -> str:
     return body if isinstance(body, str) else json.dumps(body, indent=2, sort_keys=True, default=str)
 
 
-def exchanges_evidence(responses: Sequence[Any], *, path_filters: Sequence[str] = (), max_exchanges: int = MAX_EXCHANGES,
-                       body_chars: int = EXCHANGE_BODY_CHARS, total_chars: int = TOTAL_CHARS,
-                       whole_log: bool = True) -> Evidence | NoEvidence:
+def exchanges_evidence(
+    responses: Sequence[Any],
+    *,
+    path_filters: Sequence[str] = (),
+    max_exchanges: int = MAX_EXCHANGES,
+    body_chars: int = EXCHANGE_BODY_CHARS,
+    total_chars: int = TOTAL_CHARS,
+    whole_log: bool = True,
+) -> Evidence | NoEvidence:
     """The run's HTTP exchanges (oldest first; the newest ``max_exchanges``): method, path, status,
     content type and the first ``body_chars`` of each body. ``path_filters`` keeps the exchanges
     whose path contains one of them (all of them when none does, as the cvyocaao reference does).
@@ -1110,9 +1477,12 @@ def exchanges_evidence(responses: Sequence[Any], *, path_filters: Sequence[str] 
         if matching:
             chosen, filtered = matching, True
     chosen = chosen[-max_exchanges:] if max_exchanges > 0 else []
-    head = [f"{len(chosen)} HTTP exchange(s) of this run, oldest first"
-            + (f" (paths containing {', '.join(map(repr, path_filters))})" if filtered else "")
-            + ("" if whole_log else " (only the last response is kept by this run)"), ""]
+    head = [
+        f"{len(chosen)} HTTP exchange(s) of this run, oldest first"
+        + (f" (paths containing {', '.join(map(repr, path_filters))})" if filtered else "")
+        + ("" if whole_log else " (only the last response is kept by this run)"),
+        "",
+    ]
     parts = ["\n".join(head)]
     budget = total_chars - len(parts[0])
     shown = 0
@@ -1121,8 +1491,13 @@ def exchanges_evidence(responses: Sequence[Any], *, path_filters: Sequence[str] 
         ctype = headers.get("content-type", "") if isinstance(headers, dict) else ""
         body = _body_text(r)
         cut = body[:body_chars]
-        piece = (f"--- exchange {i}: {getattr(r, 'method', '')} {_request_path(r)} -> {getattr(r, 'status', '?')}"
-                 + (f" ({ctype})" if ctype else "") + f" ---\n{cut}" + (f"\n[first {len(cut)} of {len(body)} chars]" if len(body) > len(cut) else "") + "\n")
+        piece = (
+            f"--- exchange {i}: {getattr(r, 'method', '')} {_request_path(r)} -> {getattr(r, 'status', '?')}"
+            + (f" ({ctype})" if ctype else "")
+            + f" ---\n{cut}"
+            + (f"\n[first {len(cut)} of {len(body)} chars]" if len(body) > len(cut) else "")
+            + "\n"
+        )
         if len(piece) > budget:
             break
         parts.append(piece)
@@ -1131,8 +1506,17 @@ def exchanges_evidence(responses: Sequence[Any], *, path_filters: Sequence[str] 
     if not shown:
         return NoEvidence("no evidence: the recorded exchanges do not fit the evidence budget")
     text = "\n".join(parts)
-    return Evidence(text=text, kind="http_exchanges", summary={"exchanges": shown, "recorded": len(responses), "filtered": filtered,
-                                                               "whole_log": whole_log, "chars": len(text)})
+    return Evidence(
+        text=text,
+        kind="http_exchanges",
+        summary={
+            "exchanges": shown,
+            "recorded": len(responses),
+            "filtered": filtered,
+            "whole_log": whole_log,
+            "chars": len(text),
+        },
+    )
 
 
 def headers_evidence(response: Any, *, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
@@ -1140,29 +1524,50 @@ def headers_evidence(response: Any, *, total_chars: int = TOTAL_CHARS) -> Eviden
     if response is None:
         return NoEvidence("no evidence: no HTTP response whose headers could be judged", unreachable=True)
     headers = getattr(response, "headers", {}) or {}
-    lines = [f"HTTP {getattr(response, 'status', '?')} for {getattr(response, 'method', '')} {_request_path(response)}",
-             "", "## Response headers"]
+    lines = [
+        f"HTTP {getattr(response, 'status', '?')} for {getattr(response, 'method', '')} {_request_path(response)}",
+        "",
+        "## Response headers",
+    ]
     lines += [f"{k}: {v}" for k, v in sorted(headers.items())] if isinstance(headers, dict) else []
     text = "\n".join(lines)[:total_chars]
-    return Evidence(text=text, kind="http_response_headers", summary={"status": getattr(response, "status", None),
-                    "headers": len(headers) if isinstance(headers, dict) else 0, "chars": len(text)})
+    return Evidence(
+        text=text,
+        kind="http_response_headers",
+        summary={
+            "status": getattr(response, "status", None),
+            "headers": len(headers) if isinstance(headers, dict) else 0,
+            "chars": len(text),
+        },
+    )
 
 
 def rows_evidence(document: Any, *, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
     """The rows of the last database query (lgzivily ``db_query_result``: the P08 result)."""
     if not (isinstance(document, dict) and isinstance(document.get("rows"), list)):
-        return NoEvidence("no evidence: no database query result (db_query_result judges the rows of an earlier P08 step)")
+        return NoEvidence(
+            "no evidence: no database query result (db_query_result judges the rows of an earlier P08 step)"
+        )
     rows = document["rows"]
     body = json.dumps(rows, indent=1, ensure_ascii=False, sort_keys=True, default=str)
     head = f"{len(rows)} row(s) returned by the last database query\n\n"
     room = max(0, total_chars - len(head))
     note = f"\n[first {room} of {len(body)} chars]" if len(body) > room else ""
     text = head + body[:room] + note
-    return Evidence(text=text, kind="db_query_result", summary={"rows": len(rows), "chars": len(text), "truncated": bool(note)})
+    return Evidence(
+        text=text, kind="db_query_result", summary={"rows": len(rows), "chars": len(text), "truncated": bool(note)}
+    )
 
 
-def listing_evidence(fs: FileSource, base: str, *, depth: int = 2, max_entries: int = LISTING_MAX_ENTRIES,
-                     skip_dirs: frozenset[str] = EVIDENCE_SKIP_DIRS, total_chars: int = TOTAL_CHARS) -> Evidence | NoEvidence:
+def listing_evidence(
+    fs: FileSource,
+    base: str,
+    *,
+    depth: int = 2,
+    max_entries: int = LISTING_MAX_ENTRIES,
+    skip_dirs: frozenset[str] = EVIDENCE_SKIP_DIRS,
+    total_chars: int = TOTAL_CHARS,
+) -> Evidence | NoEvidence:
     """The files and folders under ``base`` down to ``depth`` levels (iyjruvfz ``directory_listing``),
     breadth first in name order, at most ``max_entries``; the folders of ``skip_dirs`` are listed but
     not entered."""
@@ -1184,7 +1589,7 @@ def listing_evidence(fs: FileSource, base: str, *, depth: int = 2, max_entries: 
             if len(lines) >= max_entries:
                 capped = True
                 break
-            shown = entry.rel if rel == "." else entry.rel[len(rel) + 1:]
+            shown = entry.rel if rel == "." else entry.rel[len(rel) + 1 :]
             name = entry.rel.rsplit("/", 1)[-1]
             if entry.kind == "dir":
                 lines.append(shown + "/")
@@ -1192,10 +1597,16 @@ def listing_evidence(fs: FileSource, base: str, *, depth: int = 2, max_entries: 
                     frontier.append((entry.rel, level + 1))
             else:
                 lines.append(shown)
-    header = f"Listing of {'the workspace root' if rel == '.' else rel} (depth {depth}, {len(lines)} entries" + (
-        f", stopped at {max_entries})" if capped else ")") + f"; folders not entered: {', '.join(sorted(skip_dirs))}\n\n"
+    header = (
+        f"Listing of {'the workspace root' if rel == '.' else rel} (depth {depth}, {len(lines)} entries"
+        + (f", stopped at {max_entries})" if capped else ")")
+        + f"; folders not entered: {', '.join(sorted(skip_dirs))}\n\n"
+    )
     text = (header + "\n".join(lines))[:total_chars]
     if not lines:
         return NoEvidence(f"no evidence: directory {base!r} is empty")
-    return Evidence(text=text, kind="directory_listing", summary={"base": rel, "depth": depth, "entries": len(lines),
-                                                                  "capped": capped, "chars": len(text)})
+    return Evidence(
+        text=text,
+        kind="directory_listing",
+        summary={"base": rel, "depth": depth, "entries": len(lines), "capped": capped, "chars": len(text)},
+    )

@@ -109,8 +109,10 @@ def parse_llm_calls(value: int | str | Mapping[str, int] | None) -> dict[str, in
 
 
 def from_env() -> LimitConfig:
-    return LimitConfig(envs_per_host=_positive(settings.get("SAASBENCH_ENVS_PER_HOST"), "SAASBENCH_ENVS_PER_HOST"),
-                       llm_calls=parse_llm_calls(settings.get("SAASBENCH_LLM_CALLS_PER_PROVIDER")))
+    return LimitConfig(
+        envs_per_host=_positive(settings.get("SAASBENCH_ENVS_PER_HOST"), "SAASBENCH_ENVS_PER_HOST"),
+        llm_calls=parse_llm_calls(settings.get("SAASBENCH_LLM_CALLS_PER_PROVIDER")),
+    )
 
 
 _lock = threading.Lock()
@@ -119,13 +121,15 @@ _semaphores: dict[str, tuple[int, threading.BoundedSemaphore]] = {}
 _ensured: dict[str, int] = {}  # Prefect limits upserted by this process: name -> value
 
 
-def configure(envs_per_host: int | None = None,
-              llm_calls_per_provider: int | str | Mapping[str, int] | None = None) -> LimitConfig:
+def configure(
+    envs_per_host: int | None = None, llm_calls_per_provider: int | str | Mapping[str, int] | None = None
+) -> LimitConfig:
     """Set this process's limits; ``None`` for a field falls back to its environment variable."""
     env = from_env()
     cfg = LimitConfig(
         envs_per_host=_positive(envs_per_host, "envs_per_host") if envs_per_host is not None else env.envs_per_host,
-        llm_calls=parse_llm_calls(llm_calls_per_provider) if llm_calls_per_provider is not None else env.llm_calls)
+        llm_calls=parse_llm_calls(llm_calls_per_provider) if llm_calls_per_provider is not None else env.llm_calls,
+    )
     global _config
     with _lock:
         _config = cfg
@@ -173,9 +177,20 @@ def llm_limit_name(provider: str) -> str:
     return LLM_PREFIX + _name_part(provider).lower()
 
 
-_HEURISTICS = (("claude", "anthropic"), ("gpt-", "openai"), ("chatgpt", "openai"), ("o1", "openai"),
-               ("o3", "openai"), ("o4", "openai"), ("text-embedding", "openai"), ("gemini", "gemini"),
-               ("mistral", "mistral"), ("codestral", "mistral"), ("command", "cohere"), ("deepseek", "deepseek"))
+_HEURISTICS = (
+    ("claude", "anthropic"),
+    ("gpt-", "openai"),
+    ("chatgpt", "openai"),
+    ("o1", "openai"),
+    ("o3", "openai"),
+    ("o4", "openai"),
+    ("text-embedding", "openai"),
+    ("gemini", "gemini"),
+    ("mistral", "mistral"),
+    ("codestral", "mistral"),
+    ("command", "cohere"),
+    ("deepseek", "deepseek"),
+)
 
 
 def llm_provider(model: str | None) -> str:

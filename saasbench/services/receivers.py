@@ -117,9 +117,14 @@ class Delivery:
             text = text[:body_chars] + f"... [{len(text) - body_chars} more chars]"
         parsed = self.json if body_chars is None else None
         return {
-            "seq": self.seq, "method": self.method, "path": self.path, "headers": dict(self.headers),
-            "body": parsed if parsed is not None else text, "received_at": self.received_at,
-            "client": self.client, "truncated": self.truncated,
+            "seq": self.seq,
+            "method": self.method,
+            "path": self.path,
+            "headers": dict(self.headers),
+            "body": parsed if parsed is not None else text,
+            "received_at": self.received_at,
+            "client": self.client,
+            "truncated": self.truncated,
         }
 
 
@@ -182,7 +187,9 @@ class _HttpServer(ThreadingHTTPServer):
     block_on_close = False
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], *, receiver: WebhookReceiver | None = None, sink: SmtpSink | None = None):
+    def __init__(
+        self, address: tuple[str, int], *, receiver: WebhookReceiver | None = None, sink: SmtpSink | None = None
+    ):
         self.receiver = receiver
         self.sink = sink
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
@@ -279,8 +286,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(413, {"error": "body too large or malformed"})
             return
         raw, truncated = body
-        receiver.record(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, raw,
-                        client=self.client_address[0] if self.client_address else "", truncated=truncated)
+        receiver.record(
+            self.command,
+            self.path,
+            {k.lower(): v for k, v in self.headers.items()},
+            raw,
+            client=self.client_address[0] if self.client_address else "",
+            truncated=truncated,
+        )
         status = receiver.status_for(self.command, route)
         self._reply(status, {"ok": status < 400, "status": status})
 
@@ -294,7 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
             items = [m.mailhog() for m in reversed(sink.messages())]  # MailHog lists newest first
             start = _int(query.get("start", ["0"])[0], 0)
             limit = _int(query.get("limit", ["50"])[0], 50)
-            page = items[start:start + limit]
+            page = items[start : start + limit]
             self._reply(200, {"total": len(items), "count": len(page), "start": start, "items": page})
             return
         if self.command in ("GET", "HEAD") and route == "/api/v1/messages":
@@ -320,7 +333,9 @@ class _Serving:
 
     def _serve(self, server: socketserver.BaseServer, name: str) -> None:
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True
+        )
         self._thread.start()
 
     def _shutdown(self) -> None:
@@ -383,9 +398,19 @@ class WebhookReceiver(_Serving):
         return self.base_url + WEBHOOK_PATH
 
     # recording
-    def record(self, method: str, path: str, headers: dict[str, str], body: bytes, *, client: str = "", truncated: bool = False) -> Delivery:
-        delivery = Delivery(seq=self._log.next_seq(), method=method.upper(), path=path, headers=headers, body=body,
-                            received_at=time.time(), client=client, truncated=truncated)
+    def record(
+        self, method: str, path: str, headers: dict[str, str], body: bytes, *, client: str = "", truncated: bool = False
+    ) -> Delivery:
+        delivery = Delivery(
+            seq=self._log.next_seq(),
+            method=method.upper(),
+            path=path,
+            headers=headers,
+            body=body,
+            received_at=time.time(),
+            client=client,
+            truncated=truncated,
+        )
         self._log.add(delivery)
         return delivery
 
@@ -454,8 +479,14 @@ class MailMessage:
     def summary(self, body_chars: int = 500) -> dict[str, Any]:
         p = self.parsed()
         body = p["text"] or p["html"]
-        return {"from": p["from"], "to": p["to"], "recipients": p["recipients"], "subject": p["subject"],
-                "body": body[:body_chars] + ("..." if len(body) > body_chars else ""), "received_at": self.received_at}
+        return {
+            "from": p["from"],
+            "to": p["to"],
+            "recipients": p["recipients"],
+            "subject": p["subject"],
+            "body": body[:body_chars] + ("..." if len(body) > body_chars else ""),
+            "received_at": self.received_at,
+        }
 
     def mailhog(self) -> dict[str, Any]:
         """This message in MailHog's API shape (what P28 reads from a task's MailHog)."""
@@ -467,10 +498,13 @@ class MailMessage:
 
         data = self.raw.decode("utf-8", errors="replace")
         return {
-            "ID": f"{self.seq}@saasbench", "From": path(self.mail_from), "To": [path(r) for r in self.rcpt_to],
+            "ID": f"{self.seq}@saasbench",
+            "From": path(self.mail_from),
+            "To": [path(r) for r in self.rcpt_to],
             "Content": {"Headers": p["headers"], "Body": p["body_raw"], "Size": len(self.raw), "MIME": None},
             "Created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.received_at)),
-            "MIME": None, "Raw": {"From": self.mail_from, "To": list(self.rcpt_to), "Data": data, "Helo": ""},
+            "MIME": None,
+            "Raw": {"From": self.mail_from, "To": list(self.rcpt_to), "Data": data, "Helo": ""},
         }
 
 
@@ -508,8 +542,14 @@ def parse_message(raw: bytes, mail_from: str = "", rcpt_to: Iterable[str] = ()) 
     recipients = list(dict.fromkeys([*to, *cc, *addresses("Bcc"), *rcpt_to]))
     return {
         "from": (addresses("From") or [mail_from or ""])[0],
-        "to": to, "cc": cc, "recipients": recipients, "subject": str(msg.get("Subject", "") or ""),
-        "text": text, "html": html, "headers": headers, "body_raw": body_raw.decode("utf-8", errors="replace"),
+        "to": to,
+        "cc": cc,
+        "recipients": recipients,
+        "subject": str(msg.get("Subject", "") or ""),
+        "text": text,
+        "html": html,
+        "headers": headers,
+        "body_raw": body_raw.decode("utf-8", errors="replace"),
     }
 
 
@@ -554,8 +594,10 @@ class _SmtpHandler(socketserver.StreamRequestHandler):
             verb, _, arg = text.partition(" ")
             verb = verb.upper()
             if verb == "EHLO":
-                self.wfile.write(f"250-{name}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250-SIZE {MAX_MESSAGE_BYTES}\r\n"
-                                 "250-AUTH PLAIN LOGIN\r\n250 HELP\r\n".encode())
+                self.wfile.write(
+                    f"250-{name}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250-SIZE {MAX_MESSAGE_BYTES}\r\n"
+                    "250-AUTH PLAIN LOGIN\r\n250 HELP\r\n".encode()
+                )
                 mail_from, rcpts = None, []
             elif verb == "HELO":
                 self._say(f"250 {name}")
@@ -585,8 +627,13 @@ class _SmtpHandler(socketserver.StreamRequestHandler):
                 if too_big:
                     self._say("552 5.3.4 message too big")
                 else:
-                    message = MailMessage(seq=sink._log.next_seq(), mail_from=mail_from, rcpt_to=list(rcpts), raw=data,
-                                          received_at=time.time())
+                    message = MailMessage(
+                        seq=sink._log.next_seq(),
+                        mail_from=mail_from,
+                        rcpt_to=list(rcpts),
+                        raw=data,
+                        received_at=time.time(),
+                    )
                     sink._log.add(message)
                     self._say(f"250 2.0.0 OK queued as {message.seq}")
                 mail_from, rcpts = None, []
@@ -661,7 +708,9 @@ def _address(text: str) -> str:
 class SmtpSink(_Serving):
     """Accepts every message on an ephemeral SMTP port; ``api_port`` (None = no API) serves MailHog's read API."""
 
-    def __init__(self, bind_host: str = DEFAULT_HOST, port: int = 0, advertise_host: str | None = None, api_port: int | None = 0):
+    def __init__(
+        self, bind_host: str = DEFAULT_HOST, port: int = 0, advertise_host: str | None = None, api_port: int | None = 0
+    ):
         self.bind_host = bind_host
         self.requested_port = port
         self.advertise_host = advertise_host or (DEFAULT_HOST if bind_host in ("0.0.0.0", "::", "") else bind_host)
@@ -679,8 +728,12 @@ class SmtpSink(_Serving):
                 except OSError:
                     self._shutdown()
                     raise
-                self._api_thread = threading.Thread(target=self._api_server.serve_forever, kwargs={"poll_interval": 0.2},
-                                                    name="saasbench-smtp-api", daemon=True)
+                self._api_thread = threading.Thread(
+                    target=self._api_server.serve_forever,
+                    kwargs={"poll_interval": 0.2},
+                    name="saasbench-smtp-api",
+                    daemon=True,
+                )
                 self._api_thread.start()
         return self
 
@@ -728,7 +781,9 @@ class SmtpSink(_Serving):
     def clear(self) -> None:
         self._log.clear()
 
-    def wait_for(self, predicate: Callable[[MailMessage], bool], timeout: float, after_seq: int = 0) -> MailMessage | None:
+    def wait_for(
+        self, predicate: Callable[[MailMessage], bool], timeout: float, after_seq: int = 0
+    ) -> MailMessage | None:
         return self._log.wait_for(predicate, timeout, after_seq)
 
 
@@ -743,8 +798,10 @@ def receiver_hosts(ctx: RunContext) -> tuple[str, str | None]:
                 return value.strip()
         return None
 
-    return (pick("receiver_bind_host", "SAASBENCH_RECEIVER_BIND_HOST") or DEFAULT_HOST,
-            pick("receiver_advertise_host", "SAASBENCH_RECEIVER_ADVERTISE_HOST"))
+    return (
+        pick("receiver_bind_host", "SAASBENCH_RECEIVER_BIND_HOST") or DEFAULT_HOST,
+        pick("receiver_advertise_host", "SAASBENCH_RECEIVER_ADVERTISE_HOST"),
+    )
 
 
 WEBHOOK_RESOURCE = "webhook_receiver"
@@ -759,8 +816,12 @@ def ensure_webhook_receiver(ctx: RunContext) -> WebhookReceiver:
         receiver = WebhookReceiver(bind, 0, advertise).start()
         ctx.resources[WEBHOOK_RESOURCE] = receiver
         ctx.add_closer(receiver.stop)
-    ctx.vars.update(webhook_url=receiver.url, webhook_port=receiver.port, webhook_host=receiver.advertise_host,
-                    webhook_base_url=receiver.base_url)
+    ctx.vars.update(
+        webhook_url=receiver.url,
+        webhook_port=receiver.port,
+        webhook_host=receiver.advertise_host,
+        webhook_base_url=receiver.base_url,
+    )
     return receiver
 
 
@@ -822,7 +883,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sink = SmtpSink(args.host, args.port, api_port=args.api_port).start()
         service = sink
-        info = {"mode": "smtp", "host": args.host, "port": sink.port, "api_port": sink.api_port, "api_url": sink.api_url}
+        info = {
+            "mode": "smtp",
+            "host": args.host,
+            "port": sink.port,
+            "api_port": sink.api_port,
+            "api_url": sink.api_url,
+        }
     print(json.dumps(info), flush=True)
     try:
         stop.wait()

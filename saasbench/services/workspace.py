@@ -131,12 +131,12 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
             elif c == "?":
                 piece += "[^/]"
             elif c == "[":
-                first = j + 2 if seg[j + 1:j + 2] in ("!", "^") else j + 1
+                first = j + 2 if seg[j + 1 : j + 2] in ("!", "^") else j + 1
                 end = seg.find("]", first + 1)  # a ']' right after '[' (or '[!') is a member
                 if end < 0:
                     piece += re.escape(c)
                 else:
-                    body = seg[j + 1:end]
+                    body = seg[j + 1 : end]
                     if body[:1] in ("!", "^"):
                         body = "^" + body[1:]
                     piece += "[" + body.replace("\\", "\\\\") + "]"
@@ -170,8 +170,13 @@ class Walk:
     with one budget for all the walks of a step: at most ``cap`` files, and a deadline (``remaining``
     is checked every 256 files)."""
 
-    def __init__(self, *, skip: frozenset[str] = SKIP_DIRS, cap: int = MAX_FILES_WALKED,
-                 remaining: Callable[[], float] | None = None):
+    def __init__(
+        self,
+        *,
+        skip: frozenset[str] = SKIP_DIRS,
+        cap: int = MAX_FILES_WALKED,
+        remaining: Callable[[], float] | None = None,
+    ):
         self.skip, self.cap, self.remaining = skip, cap, remaining
         self.walked = 0
         self.capped = False

@@ -34,12 +34,24 @@ KNOWN_BUGS: frozenset[str] = frozenset({"no_rbac", "page_size", "no_validation"}
 
 # Seeded accounts, keyed by role. Passwords are plain text on purpose: this is a test target.
 USERS: dict[str, dict[str, str]] = {
-    "admin": {"username": "admin", "email": "admin@teamnotes.test",
-              "password": "admin-pass-1", "api_key": "key-admin-0001"},
-    "member": {"username": "alice", "email": "alice@teamnotes.test",
-               "password": "alice-pass-1", "api_key": "key-alice-0001"},
-    "viewer": {"username": "victor", "email": "victor@teamnotes.test",
-               "password": "victor-pass-1", "api_key": "key-victor-0001"},
+    "admin": {
+        "username": "admin",
+        "email": "admin@teamnotes.test",
+        "password": "admin-pass-1",
+        "api_key": "key-admin-0001",
+    },
+    "member": {
+        "username": "alice",
+        "email": "alice@teamnotes.test",
+        "password": "alice-pass-1",
+        "api_key": "key-alice-0001",
+    },
+    "viewer": {
+        "username": "victor",
+        "email": "victor@teamnotes.test",
+        "password": "victor-pass-1",
+        "api_key": "key-victor-0001",
+    },
 }
 
 SESSION_COOKIE = "tn_session"
@@ -79,8 +91,7 @@ class Store:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.users: dict[int, Json] = {
-            i: {"id": i, "role": role, **fields}
-            for i, (role, fields) in enumerate(USERS.items(), start=1)
+            i: {"id": i, "role": role, **fields} for i, (role, fields) in enumerate(USERS.items(), start=1)
         }
         self.projects: dict[int, Json] = {}
         self.notes: dict[int, Json] = {}
@@ -147,18 +158,22 @@ class Store:
     # --- projects and notes ---------------------------------------------------------------
     def _name_taken(self, name: str, exclude: int | None = None) -> bool:
         key = name.casefold()
-        return bool(name) and any(p["name"].casefold() == key and p["id"] != exclude
-                                  for p in self.projects.values())
+        return bool(name) and any(p["name"].casefold() == key and p["id"] != exclude for p in self.projects.values())
 
     def create_project(self, fields: Json, owner_id: int) -> Json:
         with self.lock:
             if self._name_taken(fields["name"]):
                 raise HttpError(409, {"error": "Project with this name already exists"})
             pid = self._new_id("project")
-            self.projects[pid] = {"id": pid, "name": fields["name"],
-                                  "description": fields.get("description", ""),
-                                  "owner_id": owner_id, "archived": fields.get("archived", False),
-                                  "tags": list(fields.get("tags", [])), "created_at": _now()}
+            self.projects[pid] = {
+                "id": pid,
+                "name": fields["name"],
+                "description": fields.get("description", ""),
+                "owner_id": owner_id,
+                "archived": fields.get("archived", False),
+                "tags": list(fields.get("tags", [])),
+                "created_at": _now(),
+            }
             return self._copy(self.projects[pid])
 
     def update_project(self, pid: int, changes: Json) -> Json:
@@ -182,25 +197,25 @@ class Store:
     def list_projects(self, query: str = "") -> list[Json]:
         needle = query.casefold()
         with self.lock:
-            return [self._copy(p) for p in sorted(self.projects.values(), key=lambda p: p["id"])
-                    if needle in p["name"].casefold()]
+            return [
+                self._copy(p)
+                for p in sorted(self.projects.values(), key=lambda p: p["id"])
+                if needle in p["name"].casefold()
+            ]
 
     def add_note(self, pid: int, title: str, body: str, author_id: int) -> Json:
         with self.lock:
             nid = self._new_id("note")
-            self.notes[nid] = {"id": nid, "project_id": pid, "title": title, "body": body,
-                               "author_id": author_id}
+            self.notes[nid] = {"id": nid, "project_id": pid, "title": title, "body": body, "author_id": author_id}
             return dict(self.notes[nid])
 
     def list_notes(self, pid: int) -> list[Json]:
         with self.lock:
-            return [dict(n) for n in sorted(self.notes.values(), key=lambda n: n["id"])
-                    if n["project_id"] == pid]
+            return [dict(n) for n in sorted(self.notes.values(), key=lambda n: n["id"]) if n["project_id"] == pid]
 
     def stats(self) -> Json:
         with self.lock:
-            return {"projects": len(self.projects), "notes": len(self.notes),
-                    "users": len(self.users)}
+            return {"projects": len(self.projects), "notes": len(self.notes), "users": len(self.users)}
 
     @staticmethod
     def _copy(project: Json) -> Json:
@@ -242,24 +257,30 @@ def _clean_project(body: Json, *, partial: bool, require_name: bool = True) -> J
 
 
 # --- HTML ---------------------------------------------------------------------------------
-_NAV = ('<nav><a href="/">Home</a> | <a href="/admin">Admin</a> | '
-        '<a href="/admin/login">Log in</a> | <a href="/api/health">API health</a></nav>')
+_NAV = (
+    '<nav><a href="/">Home</a> | <a href="/admin">Admin</a> | '
+    '<a href="/admin/login">Log in</a> | <a href="/api/health">API health</a></nav>'
+)
 
 
 def _page(title: str, body: str) -> bytes:
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f"<title>{html.escape(title)}</title></head>\n<body>\n{_NAV}\n{body}\n</body></html>\n"
-            ).encode()
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title></head>\n<body>\n{_NAV}\n{body}\n</body></html>\n"
+    ).encode()
 
 
 def _login_form(error: str = "") -> bytes:
     err = f'<p class="error">{html.escape(error)}</p>' if error else ""
-    return _page("TeamNotes - Admin login", f"""<h1>Admin login</h1>{err}
+    return _page(
+        "TeamNotes - Admin login",
+        f"""<h1>Admin login</h1>{err}
 <form method="post" action="/admin/login">
   <label>Username <input name="username" autocomplete="username"></label>
   <label>Password <input name="password" type="password"></label>
   <button type="submit">Log in</button>
-</form>""")
+</form>""",
+    )
 
 
 # --- routing ------------------------------------------------------------------------------
@@ -379,8 +400,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise HttpError(400, {"error": "bad_request"}) from None
 
-    def _reply(self, status: int, body: bytes = b"", content_type: str | None = None,
-               headers: list[tuple[str, str]] | None = None) -> None:
+    def _reply(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str | None = None,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
         self.send_response(status)
         if content_type:
             self.send_header("Content-Type", content_type)
@@ -395,16 +421,13 @@ class Handler(BaseHTTPRequestHandler):
         if body and self.command != "HEAD" and status != 204:
             self.wfile.write(body)
 
-    def _reply_json(self, status: int, payload: Any,
-                    headers: list[tuple[str, str]] | None = None) -> None:
+    def _reply_json(self, status: int, payload: Any, headers: list[tuple[str, str]] | None = None) -> None:
         self._reply(status, json.dumps(payload).encode(), "application/json", headers)
 
-    def _reply_html(self, status: int, body: bytes,
-                    headers: list[tuple[str, str]] | None = None) -> None:
+    def _reply_html(self, status: int, body: bytes, headers: list[tuple[str, str]] | None = None) -> None:
         self._reply(status, body, "text/html; charset=utf-8", headers)
 
-    def _redirect(self, status: int, location: str,
-                  headers: list[tuple[str, str]] | None = None) -> None:
+    def _redirect(self, status: int, location: str, headers: list[tuple[str, str]] | None = None) -> None:
         self._reply(status, b"", None, [("Location", location), *(headers or [])])
 
     def _json_body(self) -> Json:
@@ -470,12 +493,10 @@ class Handler(BaseHTTPRequestHandler):
             if found:
                 user, csrf = found
                 self.auth_scheme = "session"
-                if self.command in MUTATING and not _same(
-                        self.headers.get("X-CSRF-Token", ""), csrf):
+                if self.command in MUTATING and not _same(self.headers.get("X-CSRF-Token", ""), csrf):
                     raise HttpError(403, {"error": "csrf"})
         if user is None:
-            raise HttpError(401, {"error": "unauthorized"},
-                            [("WWW-Authenticate", 'Bearer realm="teamnotes"')])
+            raise HttpError(401, {"error": "unauthorized"}, [("WWW-Authenticate", 'Bearer realm="teamnotes"')])
         self.user = user
 
     def _require_role(self, *roles: str) -> Json:
@@ -497,8 +518,9 @@ class Handler(BaseHTTPRequestHandler):
     def h_home(self) -> None:
         projects = self.server.store.list_projects()
         items = "\n".join(f"  <li>{html.escape(p['name'])}</li>" for p in projects)
-        body = ("<h1>TeamNotes</h1>\n<p>Shared notes for small teams.</p>\n<h2>Projects</h2>\n"
-                + (f'<ul id="projects">\n{items}\n</ul>' if projects else "<p>No projects yet.</p>"))
+        body = "<h1>TeamNotes</h1>\n<p>Shared notes for small teams.</p>\n<h2>Projects</h2>\n" + (
+            f'<ul id="projects">\n{items}\n</ul>' if projects else "<p>No projects yet.</p>"
+        )
         self._reply_html(200, _page("TeamNotes", body))
 
     def h_health(self) -> None:
@@ -521,8 +543,7 @@ class Handler(BaseHTTPRequestHandler):
     def h_api_login(self) -> None:
         user = self._login_from_json()
         token = self.server.store.issue_token(user["id"])
-        self._reply_json(200, {"access_token": token, "token_type": "bearer",
-                               "user": _public_user(user)})
+        self._reply_json(200, {"access_token": token, "token_type": "bearer", "user": _public_user(user)})
 
     def h_api_logout(self) -> None:
         store = self.server.store
@@ -552,8 +573,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def h_admin_login(self) -> None:
         form = self._form_or_json_body()
-        user = self.server.store.check_credentials(str(form.get("username", "")),
-                                                   str(form.get("password", "")))
+        user = self.server.store.check_credentials(str(form.get("username", "")), str(form.get("password", "")))
         if user is None:
             self._reply_html(401, _login_form("Invalid username or password."))
             return
@@ -567,15 +587,19 @@ class Handler(BaseHTTPRequestHandler):
             return
         user, csrf = found
         store = self.server.store
-        rows = "\n".join(f"<tr><td>{u['id']}</td><td>{html.escape(u['username'])}</td>"
-                         f"<td>{html.escape(u['email'])}</td><td>{u['role']}</td></tr>"
-                         for u in store.list_users())
+        rows = "\n".join(
+            f"<tr><td>{u['id']}</td><td>{html.escape(u['username'])}</td>"
+            f"<td>{html.escape(u['email'])}</td><td>{u['role']}</td></tr>"
+            for u in store.list_users()
+        )
         counts = store.stats()
-        body = (f'<meta name="csrf-token" content="{csrf}">\n<h1>Admin dashboard</h1>\n'
-                f"<p>Signed in as {html.escape(user['username'])}.</p>\n"
-                f'<p id="stats">{counts["projects"]} projects, {counts["notes"]} notes</p>\n'
-                f"<table id=\"users\"><tr><th>ID</th><th>Username</th><th>Email</th>"
-                f"<th>Role</th></tr>\n{rows}\n</table>")
+        body = (
+            f'<meta name="csrf-token" content="{csrf}">\n<h1>Admin dashboard</h1>\n'
+            f"<p>Signed in as {html.escape(user['username'])}.</p>\n"
+            f'<p id="stats">{counts["projects"]} projects, {counts["notes"]} notes</p>\n'
+            f'<table id="users"><tr><th>ID</th><th>Username</th><th>Email</th>'
+            f"<th>Role</th></tr>\n{rows}\n</table>"
+        )
         self._reply_html(200, _page("TeamNotes - Admin", body))
 
     # --- handlers: API --------------------------------------------------------------------
@@ -589,13 +613,13 @@ class Handler(BaseHTTPRequestHandler):
         size = self._int_param("page_size", default, 1, MAX_PAGE_SIZE)
         projects = self.server.store.list_projects(self.query.get("q", [""])[0])
         start = (page - 1) * size
-        self._reply_json(200, {"items": projects[start:start + size], "total": len(projects),
-                               "page": page, "page_size": size})
+        self._reply_json(
+            200, {"items": projects[start : start + size], "total": len(projects), "page": page, "page_size": size}
+        )
 
     def h_create_project(self) -> None:
         user = self._require_role("admin", "member")
-        fields = _clean_project(self._json_body(), partial=False,
-                                require_name="no_validation" not in self.server.bugs)
+        fields = _clean_project(self._json_body(), partial=False, require_name="no_validation" not in self.server.bugs)
         self._reply_json(201, self.server.store.create_project(fields, user["id"]))
 
     def h_get_project(self, pid: int) -> None:
@@ -725,12 +749,16 @@ class TeamNotesServer(ThreadingHTTPServer):
 # --- fake source tree ---------------------------------------------------------------------
 _WORKSPACE_FILES = {
     "README.md": "# TeamNotes\n\nShared notes for small teams. Run `python -m app.server`.\n",
-    "app/server.py": ('"""HTTP layer of TeamNotes."""\n\nfrom app.models import Project\n\n\n'
-                      "def create_project(name: str, owner_id: int) -> Project:\n"
-                      "    return Project(name=name, owner_id=owner_id)\n"),
-    "app/models.py": ('"""Data model of TeamNotes."""\n\nfrom dataclasses import dataclass, field\n'
-                      "\n\n@dataclass\nclass Project:\n    name: str\n    owner_id: int\n"
-                      "    tags: list[str] = field(default_factory=list)\n"),
+    "app/server.py": (
+        '"""HTTP layer of TeamNotes."""\n\nfrom app.models import Project\n\n\n'
+        "def create_project(name: str, owner_id: int) -> Project:\n"
+        "    return Project(name=name, owner_id=owner_id)\n"
+    ),
+    "app/models.py": (
+        '"""Data model of TeamNotes."""\n\nfrom dataclasses import dataclass, field\n'
+        "\n\n@dataclass\nclass Project:\n    name: str\n    owner_id: int\n"
+        "    tags: list[str] = field(default_factory=list)\n"
+    ),
     "requirements.txt": "httpx>=0.27\n",
 }
 
@@ -746,8 +774,9 @@ def _write_workspace(root: str) -> None:
 
 
 # --- entry points -------------------------------------------------------------------------
-def make_server(host: str = "127.0.0.1", port: int = 0, *, bugs: frozenset[str] = frozenset(),
-                workspace: str | None = None) -> ThreadingHTTPServer:
+def make_server(
+    host: str = "127.0.0.1", port: int = 0, *, bugs: frozenset[str] = frozenset(), workspace: str | None = None
+) -> ThreadingHTTPServer:
     """Bind (port 0 = ephemeral) but do not serve yet; read the port from server_address."""
     unknown = set(bugs) - KNOWN_BUGS
     if unknown:
@@ -760,8 +789,9 @@ def make_server(host: str = "127.0.0.1", port: int = 0, *, bugs: frozenset[str] 
 def serve_in_thread(**kw: Any) -> tuple[ThreadingHTTPServer, threading.Thread, str]:
     """Start a server on a daemon thread; stop it with shutdown() then server_close()."""
     server = make_server(**kw)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                              name="teamnotes", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="teamnotes", daemon=True
+    )
     thread.start()
     host = kw.get("host", "127.0.0.1")
     if host in ("0.0.0.0", "::", ""):
@@ -770,12 +800,18 @@ def serve_in_thread(**kw: Any) -> tuple[ThreadingHTTPServer, threading.Thread, s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m apps.teamnotes (from tests/)",
-                                     description="Run the TeamNotes example SaaS app.")
+    parser = argparse.ArgumentParser(
+        prog="python -m apps.teamnotes (from tests/)", description="Run the TeamNotes example SaaS app."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--bug", action="append", default=[], choices=sorted(KNOWN_BUGS),
-                        help="switch on a deliberate defect (repeatable)")
+    parser.add_argument(
+        "--bug",
+        action="append",
+        default=[],
+        choices=sorted(KNOWN_BUGS),
+        help="switch on a deliberate defect (repeatable)",
+    )
     parser.add_argument("--workspace", help="write a fake source tree into this folder")
     args = parser.parse_args(argv)
     server = make_server(args.host, args.port, bugs=frozenset(args.bug), workspace=args.workspace)
