@@ -8,15 +8,18 @@ looks at what the agent *ran* and at the files it *wrote and then ran*;
 
 What is scanned, per source (the rules below apply to each):
 
-- **Shell commands**: events of kind ``tool_call``/``command`` whose tool is a shell (``shell``
-  — the builtin agent and Codex ``command_execution`` —, ``Bash`` of Claude Code, ``terminal``/
-  ``execute_bash`` of OpenHands, ``exec`` of the oracle, ...); the command is
+- **Shell commands**: events of kind ``tool_call``/``command`` whose tool is a shell: a name in
+  :data:`GENERIC_SHELL_TOOLS` or in a registered agent class's ``shell_tools`` (``shell`` — the
+  builtin agent and Codex ``command_execution`` —, ``Bash`` of Claude Code, ``terminal``/
+  ``execute_bash`` of OpenHands, ``exec`` of the oracle); :func:`shell_tools` is the union. The command is
   ``data["args"]["command"]``, ``data["command"]`` or the event message. The whole command text
   counts (inline ``python3 -c``/``node -e`` code included), except the bodies of heredocs that
   only write a file (``cat > f <<EOF``, ``tee f <<EOF``, ``apply_patch <<EOF``): those bodies
   are file writes (next point). A heredoc fed to any other program (``bash <<EOF``,
   ``python3 - <<EOF``) is run, so its body stays part of the command.
-- **Written files** (:func:`file_writes`): the builtin agent's ``write_file``/``edit_file``;
+- **Written files** (:func:`file_writes`): the file-writing tools in :data:`GENERIC_FILE_TOOLS` and in
+  the registered agent classes' ``file_tools`` (:func:`file_tools`: name -> argument layout,
+  :data:`saasbench.agents.base.WriteLayout`): the builtin agent's ``write_file``/``edit_file``;
   Claude Code's ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``; OpenHands'
   ``file_editor``/``str_replace_editor`` (``create``, ``str_replace``, ``insert``); Codex's
   ``apply_patch`` patches (as a tool or a shell heredoc; the ``+`` lines) and ``file_change``
@@ -96,35 +99,56 @@ import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
-SHELL_TOOLS = frozenset({"shell", "exec", "bash", "execute_bash", "run", "run_command", "terminal", "cmd", "sh"})
+from saasbench.agents.base import WriteLayout, list_agents
+
 SHELL_EVENT_KINDS = frozenset({"tool_call", "command"})
-# File-writing tools, lower-cased, as the adapters record them (events.py / builtin.py):
-#   builtin      write_file(path, content), edit_file(path, old, new)
-#   Claude Code  Write(file_path, content), Edit(file_path, old_string, new_string),
-#                MultiEdit(file_path, edits[].new_string), NotebookEdit(notebook_path, new_source)
-#   OpenHands    file_editor / str_replace_editor(command create|str_replace|insert, path, file_text|new_str)
-#   Codex        file_change(changes[].path, kind[, diff]): the --json stream carries no content;
-#                apply_patch(input: "*** Begin Patch ..." text)
-FILE_TOOLS = frozenset(
-    {
-        "write_file",
-        "edit_file",
-        "create_file",
-        "str_replace",
-        "file_write",
-        "write",
-        "edit",
-        "multiedit",
-        "notebookedit",
-        "file_editor",
-        "str_replace_editor",
-        "file_change",
-        "apply_patch",
-    }
-)
+# The tool vocabulary: each agent class declares the tools it records (saasbench.agents.base.Agent
+# ``shell_tools``, ``file_tools``: name -> WriteLayout); these are the common names no one agent owns.
+GENERIC_SHELL_TOOLS = frozenset({"bash", "run", "run_command", "cmd", "sh"})
+GENERIC_FILE_TOOLS: Mapping[str, WriteLayout] = {"create_file": "write", "file_write": "write", "str_replace": "edit"}
+_LAYOUTS = frozenset(get_args(WriteLayout))
+
+
+def shell_tools() -> frozenset[str]:
+    """Lower-cased names of the tools that run a shell command: the common ones and every registered agent's."""
+    names = set(GENERIC_SHELL_TOOLS)
+    for cls in list_agents().values():
+        names.update(t.lower() for t in cls.shell_tools)
+    return frozenset(names)
+
+
+def file_tools() -> dict[str, WriteLayout]:
+    """Lower-cased file-writing tool name -> the layout of its arguments: the common ones and every
+    registered agent's (a name two agents give different layouts, or an unknown layout, is an error)."""
+    out: dict[str, WriteLayout] = dict(GENERIC_FILE_TOOLS)
+    owner = dict.fromkeys(out, "anticheat.GENERIC_FILE_TOOLS")
+    for agent, cls in list_agents().items():
+        for tool, layout in cls.file_tools.items():
+            name = tool.lower()
+            if layout not in _LAYOUTS:
+                raise ValueError(
+                    f"agent {agent!r}: file tool {tool!r} has layout {layout!r}, not one of {sorted(_LAYOUTS)}"
+                )
+            if out.get(name, layout) != layout:
+                raise ValueError(
+                    f"file tool {name!r}: agent {agent!r} says layout {layout!r}, {owner[name]} says {out[name]!r}"
+                )
+            out[name], owner[name] = layout, f"agent {agent!r}"
+    return out
+
+
+def __getattr__(name: str) -> frozenset[str]:
+    # SHELL_TOOLS / FILE_TOOLS: computed from the agent registry when read, so they are never stale
+    if name == "SHELL_TOOLS":
+        return shell_tools()
+    if name == "FILE_TOOLS":
+        return frozenset(file_tools())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Files that run when a build/package tool runs, not by their own name.
 _RUN_BY_TOOL = {
     "make": ("Makefile", "makefile", "GNUmakefile"),
@@ -298,15 +322,16 @@ def _event_fields(event: Any) -> tuple[str, str, dict[str, Any]]:
 def shell_commands(trajectory: Any) -> list[tuple[int, str]]:
     """(event index, command) of every shell command in a trajectory (object or dict)."""
     events = trajectory.get("events", []) if isinstance(trajectory, Mapping) else getattr(trajectory, "events", [])
+    shells = shell_tools()
     out = []
     for i, ev in enumerate(events):
         kind, message, data = _event_fields(ev)
         if kind not in SHELL_EVENT_KINDS:
             continue
         tool = str(data.get("tool", "shell" if kind == "command" else "")).lower()
-        if tool not in SHELL_TOOLS:
+        if tool not in shells:
             continue
-        args = data.get("args") if isinstance(data.get("args"), Mapping) else {}
+        args = _args(data)
         cmd = args.get("command") or data.get("command") or message
         if isinstance(cmd, list):
             cmd = " ".join(str(c) for c in cmd)
@@ -330,6 +355,11 @@ class FileWrite:
         return posixpath.basename(self.path.replace("\\", "/").rstrip("/"))
 
 
+def _args(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    args = data.get("args")
+    return args if isinstance(args, Mapping) else {}
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -337,7 +367,9 @@ def _text(value: Any) -> str | None:
 def _patch_writes(index: int, patch: str, via: str) -> list[FileWrite]:
     """Files of a Codex ``*** Begin Patch`` text: the ``+`` lines of each added or updated file."""
     out: list[FileWrite] = []
-    path, full, lines = None, False, []
+    path: str | None = None
+    full = False
+    lines: list[str] = []
 
     def flush() -> None:
         if path is not None:
@@ -360,28 +392,28 @@ def _diff_added(diff: str) -> str:
     return "\n".join(line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++"))
 
 
-def _call_writes(index: int, tool: str, args: Mapping[str, Any]) -> list[FileWrite]:
-    t = tool.lower()
+def _call_writes(index: int, tool: str, args: Mapping[str, Any], layout: WriteLayout) -> list[FileWrite]:
     path = str(args.get("path") or args.get("file_path") or args.get("notebook_path") or "")
-    if t in ("write_file", "create_file", "file_write", "write"):
+    if layout == "write":
         return [FileWrite(index, path, _text(args.get("content")), True, tool)]
-    if t in ("edit_file", "str_replace", "edit"):
+    if layout == "edit":
         new = next((args[k] for k in ("new", "new_string", "new_str") if k in args), None)
         return [FileWrite(index, path, _text(new), False, tool)]
-    if t == "multiedit":
-        edits = args.get("edits") if isinstance(args.get("edits"), list) else []
-        new = "\n".join(str(e.get("new_string") or "") for e in edits if isinstance(e, Mapping))
+    if layout == "multiedit":
+        edits = args.get("edits")
+        edit_list: list[Any] = edits if isinstance(edits, list) else []
+        new = "\n".join(str(e.get("new_string") or "") for e in edit_list if isinstance(e, Mapping))
         return [FileWrite(index, path, new, False, tool)]
-    if t == "notebookedit":
+    if layout == "notebook":
         return [FileWrite(index, path, _text(args.get("new_source")), False, tool)]
-    if t in ("file_editor", "str_replace_editor"):
+    if layout == "editor":
         command = str(args.get("command") or "")
         if command == "create":
             return [FileWrite(index, path, _text(args.get("file_text")), True, tool)]
         if command in ("str_replace", "insert"):
             return [FileWrite(index, path, _text(args.get("new_str")), False, tool)]
         return []  # view, undo_edit
-    if t == "file_change":
+    if layout == "file_change":
         out = []
         for change in args.get("changes") or []:
             if not isinstance(change, Mapping) or change.get("kind") == "delete" or not change.get("path"):
@@ -392,7 +424,7 @@ def _call_writes(index: int, tool: str, args: Mapping[str, Any]) -> list[FileWri
             text = (_diff_added(diff) if change.get("content") is None else diff) if diff else None
             out.append(FileWrite(index, str(change["path"]), text, change.get("kind") == "add", tool))
         return out
-    if t == "apply_patch":
+    if layout == "apply_patch":
         patch = args.get("input") or args.get("patch") or args.get("content") or ""
         return _patch_writes(index, str(patch), tool)
     return []
@@ -459,15 +491,16 @@ def split_shell_writes(cmd: str, index: int = 0) -> tuple[str, list[FileWrite]]:
 def file_writes(trajectory: Any) -> list[FileWrite]:
     """Every file write of a trajectory: file-writing tool calls, heredocs and ``apply_patch`` in shell commands."""
     events = trajectory.get("events", []) if isinstance(trajectory, Mapping) else getattr(trajectory, "events", [])
+    layouts = file_tools()
     out: list[FileWrite] = []
     for i, ev in enumerate(events):
         kind, _message, data = _event_fields(ev)
         if kind != "tool_call":
             continue
         tool = str(data.get("tool", ""))
-        args = data.get("args") if isinstance(data.get("args"), Mapping) else {}
-        if tool.lower() in FILE_TOOLS:
-            out += _call_writes(i, tool, args)
+        layout = layouts.get(tool.lower())
+        if layout is not None:
+            out += _call_writes(i, tool, _args(data), layout)
     for i, cmd in shell_commands(trajectory):
         out += split_shell_writes(cmd, i)[1]
     return sorted(out, key=lambda w: w.index)
@@ -748,6 +781,7 @@ def _access_findings(trajectory: Any, forbidden_paths: Iterable[str]) -> list[Fi
     if not pats:
         return []
     events = trajectory.get("events", []) if isinstance(trajectory, Mapping) else getattr(trajectory, "events", [])
+    shells = shell_tools()
     out = []
     for i, ev in enumerate(events):
         kind, message, data = _event_fields(ev)
@@ -764,7 +798,7 @@ def _access_findings(trajectory: Any, forbidden_paths: Iterable[str]) -> list[Fi
                         i,
                         text[:2000],
                         text[max(0, m.start() - 100) : m.end() + 100],
-                        "shell" if str(data.get("tool", "")).lower() in SHELL_TOOLS else f"tool:{data.get('tool')}",
+                        "shell" if str(data.get("tool", "")).lower() in shells else f"tool:{data.get('tool')}",
                         {"path": m.group(0)},
                     )
                 )
@@ -792,7 +826,7 @@ def scan_trajectory(
     content; recorded arguments are capped). ``forbidden_paths`` (the task folder on the host): any
     tool call that names one is an ``evaluator_access`` finding.
     """
-    kw = {"allowed_hosts": allowed_hosts, "allowed_images": allowed_images}
+    kw: dict[str, Any] = {"allowed_hosts": allowed_hosts, "allowed_images": allowed_images}
     state: dict[str, Any] = {}
     findings: list[Finding] = []
     for index, cmd in shell_commands(trajectory):

@@ -17,7 +17,7 @@ import importlib
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from saasbench.environments.local import Environment
 
 ExitReason = Literal["completed", "agent_timeout", "agent_budget_exceeded", "agent_error"]
+#: How a file-writing tool's arguments carry what it wrote (the anti-cheat scanner reads them,
+#: :func:`saasbench.agents.anticheat.file_writes`): ``write`` a whole file (``path``/``file_path`` and
+#: ``content``); ``edit`` part of one (``new``/``new_string``/``new_str``); ``multiedit`` (``edits[].new_string``);
+#: ``notebook`` (``notebook_path``, ``new_source``); ``editor`` (``command`` create with ``file_text``,
+#: str_replace/insert with ``new_str``); ``file_change`` (Codex: ``changes[].path``, no content);
+#: ``apply_patch`` (``input``: a ``*** Begin Patch`` text).
+WriteLayout = Literal["write", "edit", "multiedit", "notebook", "editor", "file_change", "apply_patch"]
 
 
 class Budget(BaseModel):
@@ -96,6 +103,25 @@ class Agent(ABC):
     #: Set by the harness (e.g. ``saasbench rollout``) before :meth:`run`: every trajectory made
     #: by :meth:`new_trajectory` reports its events to it as they are recorded.
     on_event: Callable[[TrajectoryEvent], None] | None = None
+    #: Tool names (as this agent records them on ``tool_call`` events; case does not matter) that run a
+    #: shell command given as ``args["command"]``: the anti-cheat scanner reads those commands.
+    shell_tools: ClassVar[frozenset[str]] = frozenset()
+    #: This agent's file-writing tool names -> :data:`WriteLayout` of their arguments: the anti-cheat
+    #: scanner checks the files written this way that are run afterwards.
+    file_tools: ClassVar[Mapping[str, WriteLayout]] = {}
+
+    @classmethod
+    def gateway_env(cls, root_url: str, key: str, model: str | None = None) -> dict[str, str]:
+        """The variables the agent's process needs to reach the model gateway at ``root_url`` (no trailing
+        slash; the OpenAI-compatible API is ``root_url + "/v1"``) with the trial's virtual ``key``;
+        ``model`` is the gateway's model name. Used by :func:`saasbench.runs.gateway.agent_env_for`.
+        Default: both the OpenAI and the Anthropic pair (an agent whose client reads either)."""
+        return {
+            "OPENAI_BASE_URL": root_url + "/v1",
+            "OPENAI_API_KEY": key,
+            "ANTHROPIC_BASE_URL": root_url,
+            "ANTHROPIC_API_KEY": key,
+        }
 
     def install(self, env: Environment) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Put the agent's runtime into the environment (CLI binaries, config). Default: nothing."""
@@ -144,11 +170,11 @@ def list_agents() -> dict[str, type[Agent]]:
     return dict(sorted(_AGENTS.items()))
 
 
-def get_agent(spec: str, **kwargs: Any) -> Agent:
-    """An agent instance by registered name or ``module:Class`` import path."""
+def agent_class(spec: str) -> type[Agent]:
+    """The agent class of a registered name or a ``module:Class`` import path (:class:`AgentNotFound` if none)."""
     _load_builtins()
     if spec in _AGENTS:
-        return _AGENTS[spec](**kwargs)
+        return _AGENTS[spec]
     if ":" in spec:
         module, _, attr = spec.partition(":")
         try:
@@ -157,8 +183,13 @@ def get_agent(spec: str, **kwargs: Any) -> Agent:
             raise AgentNotFound(f"cannot import agent {spec!r}: {exc}") from None
         if not (isinstance(cls, type) and issubclass(cls, Agent)):
             raise AgentNotFound(f"{spec!r} is not a subclass of saasbench.agents.base.Agent")
-        return cls(**kwargs)
+        return cls
     raise AgentNotFound(f"no agent {spec!r} (known: {', '.join(sorted(_AGENTS))}; or give module:Class)")
+
+
+def get_agent(spec: str, **kwargs: Any) -> Agent:
+    """An agent instance by registered name or ``module:Class`` import path."""
+    return agent_class(spec)(**kwargs)
 
 
 # --- the task prompt (paper, Appendix C.1) --------------------------------------------------------------

@@ -184,6 +184,18 @@ class BuiltinAgent(Agent):
     #: gateway's OpenAI-compatible ``/v1`` as ``openai/<model>`` with the trial's virtual key, and the
     #: agent does not retry itself (the gateway retried already).
     gateway: Any = None
+    # the anti-cheat scanner reads these tools' commands and written files (agents/anticheat.py)
+    shell_tools = frozenset({"shell"})
+    file_tools = {"write_file": "write", "edit_file": "edit"}
+
+    @classmethod
+    def gateway_env(cls, root_url: str, key: str, model: str | None = None) -> dict[str, str]:
+        """The gateway's OpenAI-compatible ``/v1``, the key in a variable the agent is told the name of
+        (never the key itself in a setting), and the model as ``openai/<model>``."""
+        env = {ENV_API_BASE: root_url + "/v1", ENV_API_KEY_ENV: "SAASBENCH_GATEWAY_KEY", "SAASBENCH_GATEWAY_KEY": key}
+        if model:
+            env[ENV_MODEL] = f"openai/{model}"
+        return env
 
     def __init__(
         self,

@@ -1,29 +1,27 @@
-"""Parse coding-agent CLI event streams (JSON lines) into trajectory events and totals.
+"""Parse coding-agent CLI event streams (JSON lines) into trajectory events and totals; run a CLI agent.
 
-Three formats, one stateful parser each (feed a line at a time, so a run can be parsed while
-it streams, or all at once with :func:`parse_stream`):
-
-- ``claude``: Claude Code ``-p --output-format stream-json --verbose`` (``system``/``assistant``/
-  ``user``/``result`` objects; the final ``result`` carries usage, cost, turns and the outcome).
-- ``codex``: ``codex exec --json`` (``thread.started``, ``turn.*``, ``item.started``/
-  ``item.completed`` with ``command_execution``/``agent_message``/... items, usage on
-  ``turn.completed``, no cost).
-- ``openhands``: ``openhands --headless --json`` (``MessageEvent``/``ActionEvent``/
-  ``ObservationEvent``/``AgentErrorEvent``/... objects with a ``kind``).
+The shared machinery of the CLI adapters. Each agent module holds its own stream parser (a
+:class:`StreamParser` subclass registered with :func:`register_parser` under its format name) next to
+its :class:`CLIAgent`: ``claude`` in :mod:`saasbench.agents.claude_code`, ``codex`` in
+:mod:`saasbench.agents.codex`, ``openhands`` in :mod:`saasbench.agents.openhands`. A parser is
+stateful (feed a line at a time, so a run can be parsed while it streams, or all at once with
+:func:`parse_stream`); :func:`make_parser` finds it by format name, ``FORMATS`` lists the registered
+formats.
 
 Each parsed :class:`StreamEvent` has a role, a kind (``message`` | ``tool_call`` |
 ``tool_result`` | ``usage`` | ``error``), capped content, and tool name/args or token counts.
 :class:`StreamTotals` sums them: ``steps`` counts tool calls, tokens come from usage events
 (the CLI's final totals when it reports them), ``cost_usd`` only when the CLI reports one, and
 ``exit_reason`` comes from the final result event (None when the stream has none). A line that
-is not a JSON object never raises: it becomes an ``error`` event with ``parse_error`` set (for
-OpenHands, which prints status lines between its JSON events, a line that does not start like
-JSON is kept as a ``message`` from ``system`` instead).
+is not a JSON object never raises: it becomes an ``error`` event with ``parse_error`` set (for a
+parser with ``plain_text_ok``, e.g. OpenHands, which prints status lines between its JSON events,
+a line that does not start like JSON is kept as a ``message`` from ``system`` instead).
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import os
 import re
@@ -35,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from saasbench.agents.base import Agent, Budget
 from saasbench.redaction import redact_text
@@ -47,24 +45,28 @@ if TYPE_CHECKING:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 CONTENT_CAP = 4000  # characters of message/tool output kept per event
 ARGS_CAP = 4000  # characters of each string tool argument kept
-FORMATS = ("claude", "codex", "openhands")
 
 __all__ = [
     "CONTENT_CAP",
-    "FORMATS",
+    "FORMATS",  # noqa: F822 - from the module __getattr__ (the parser registry)
     "AgentInstallError",
     "CLIAgent",
+    "NpmInstalledCLI",
     "StreamEvent",
     "StreamParser",
     "StreamTotals",
     "apply_events",
     "apply_totals",
+    "as_int",
     "cap",
+    "cap_args",
+    "formats",
     "make_parser",
     "parse_stream",
     "prompt_word",
     "put_file",
     "read_back",
+    "register_parser",
     "to_shell",
 ]
 
@@ -83,17 +85,19 @@ def cap(text: Any, limit: int = CONTENT_CAP) -> str:
     return text[:limit] + f"... [{len(text) - limit} chars cut]"
 
 
-def _cap_args(args: Any) -> Any:
+def cap_args(args: Any) -> Any:
+    """Tool arguments with every string capped at ``ARGS_CAP`` characters (lists at 100 items)."""
     if isinstance(args, dict):
-        return {str(k): _cap_args(v) for k, v in args.items()}
+        return {str(k): cap_args(v) for k, v in args.items()}
     if isinstance(args, list):
-        return [_cap_args(v) for v in args[:100]]
+        return [cap_args(v) for v in args[:100]]
     if isinstance(args, str):
         return cap(args, ARGS_CAP)
     return args
 
 
-def _int(value: Any) -> int:
+def as_int(value: Any) -> int:
+    """``value`` as an int (0 when missing or not a number)."""
     try:
         return int(value or 0)
     except (TypeError, ValueError):
@@ -169,7 +173,7 @@ class StreamParser:
         self.totals.lines += 1
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             if self.plain_text_ok and not line.startswith(("{", "[")):
                 text = _ANSI.sub("", line).strip()
                 return self._keep(
@@ -217,369 +221,39 @@ class StreamParser:
         raise NotImplementedError
 
 
-# --- Claude Code ------------------------------------------------------------------------------------
-class ClaudeParser(StreamParser):
-    format = "claude"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._tool_names: dict[str, str] = {}
-
-    def handle(self, obj: dict[str, Any]) -> list[StreamEvent]:
-        typ = obj.get("type")
-        if typ == "system":
-            return []  # init (tools, model, cwd) and status lines: nothing the agent did
-        if typ in ("assistant", "user"):
-            msg = obj.get("message") or {}
-            role = msg.get("role") or typ
-            content = msg.get("content")
-            out: list[StreamEvent] = []
-            blocks = content if isinstance(content, list) else [{"type": "text", "text": content or ""}]
-            for block in blocks:
-                if not isinstance(block, dict):
-                    continue
-                btype = block.get("type")
-                if btype == "text" and block.get("text"):
-                    out.append(StreamEvent("message", role, cap(block["text"]), raw_type=typ))
-                elif btype == "thinking" and block.get("thinking"):
-                    out.append(StreamEvent("message", role, cap(block["thinking"]), raw_type="thinking"))
-                elif btype == "tool_use":
-                    args = block.get("input")
-                    self._tool_names[str(block.get("id"))] = str(block.get("name"))
-                    out.append(
-                        StreamEvent(
-                            "tool_call",
-                            "assistant",
-                            cap(args),
-                            tool=block.get("name"),
-                            args=_cap_args(args),
-                            call_id=block.get("id"),
-                            raw_type=typ,
-                        )
-                    )
-                elif btype == "tool_result":
-                    res = block.get("content")
-                    if isinstance(res, list):
-                        res = "\n".join(str(p.get("text", "")) for p in res if isinstance(p, dict))
-                    out.append(
-                        StreamEvent(
-                            "tool_result",
-                            "tool",
-                            cap(res),
-                            call_id=block.get("tool_use_id"),
-                            tool=self._tool_names.get(str(block.get("tool_use_id"))),
-                            is_error=bool(block.get("is_error")),
-                            raw_type=typ,
-                        )
-                    )
-            usage = msg.get("usage") if typ == "assistant" else None
-            if isinstance(usage, dict):
-                out.append(
-                    StreamEvent(
-                        "usage",
-                        "assistant",
-                        tokens_in=_claude_in(usage),
-                        tokens_out=_int(usage.get("output_tokens")),
-                        raw_type="message_usage",
-                    )
-                )
-            return out
-        if typ == "result":
-            self.totals.turns = _int(obj.get("num_turns"))
-            usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
-            cost = obj.get("total_cost_usd")
-            cost = float(cost) if isinstance(cost, (int, float)) else None
-            tin, tout = _claude_in(usage), _int(usage.get("output_tokens"))
-            self._final_usage(tin, tout, cost)
-            subtype = str(obj.get("subtype") or "")
-            text = obj.get("result") if isinstance(obj.get("result"), str) else ""
-            self.totals.final_text = text
-            out = [
-                StreamEvent(
-                    "usage",
-                    "system",
-                    f"run totals: {tin} in, {tout} out",
-                    tokens_in=tin,
-                    tokens_out=tout,
-                    cost_usd=cost,
-                    raw_type="result",
-                )
-            ]
-            if subtype == "success" and not obj.get("is_error"):
-                self.totals.exit_reason, self.totals.error = "completed", None
-            elif "max_turns" in subtype or "max_budget" in subtype:
-                self.totals.exit_reason = "agent_budget_exceeded"
-                self.totals.error = f"claude: {subtype} after {self.totals.turns} turns"
-            else:
-                self.totals.exit_reason = "agent_error"
-                detail = (
-                    text or "; ".join(str(e) for e in obj.get("errors") or []) or str(obj.get("api_error_status") or "")
-                )
-                self.totals.error = cap(f"claude: {subtype or 'error'}" + (f": {detail}" if detail else ""), 500)
-                out.append(StreamEvent("error", "system", self.totals.error, is_error=True, raw_type="result"))
-            return out
-        return []  # stream_event partials, rate-limit notices, ...: not needed for the record
+# --- the parser registry: each agent module registers its own parser ----------------------------------
+_PARSERS: dict[str, type[StreamParser]] = {}
+_P = TypeVar("_P", bound=type[StreamParser])
 
 
-def _claude_in(usage: dict[str, Any]) -> int:
-    return (
-        _int(usage.get("input_tokens"))
-        + _int(usage.get("cache_creation_input_tokens"))
-        + _int(usage.get("cache_read_input_tokens"))
-    )
+def register_parser(cls: _P) -> _P:
+    """Class decorator: the parser of the stream format ``cls.format`` (one parser per format)."""
+    known = _PARSERS.get(cls.format)
+    if known is not None and known is not cls:
+        raise ValueError(f"stream format {cls.format!r} has a parser already: {known.__module__}.{known.__name__}")
+    _PARSERS[cls.format] = cls
+    return cls
 
 
-# --- Codex CLI ----------------------------------------------------------------------------------------
-class CodexParser(StreamParser):
-    format = "codex"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._started: set[str] = set()
-
-    def handle(self, obj: dict[str, Any]) -> list[StreamEvent]:
-        typ = obj.get("type")
-        if typ == "turn.started":
-            self.totals.turns += 1
-            return []
-        if typ == "turn.completed":
-            usage = obj.get("usage") or {}
-            tin, tout = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
-            self.totals.exit_reason, self.totals.error = "completed", None
-            return [
-                StreamEvent(
-                    "usage", "system", f"turn: {tin} in, {tout} out", tokens_in=tin, tokens_out=tout, raw_type=typ
-                )
-            ]
-        if typ == "turn.failed":
-            err = obj.get("error") or {}
-            msg = err.get("message") if isinstance(err, dict) else str(err)
-            self.totals.exit_reason = "agent_error"
-            self.totals.error = cap(f"codex: turn failed: {msg}", 500)
-            return [StreamEvent("error", "system", self.totals.error, is_error=True, raw_type=typ)]
-        if typ == "error":  # a stream-level error (reconnects, fatal API errors); turn.failed decides
-            return [StreamEvent("error", "system", cap(obj.get("message")), is_error=True, raw_type=typ)]
-        if typ in ("item.started", "item.updated", "item.completed"):
-            item = obj.get("item") or {}
-            return self._item(typ, item)
-        return []  # thread.started and future types
-
-    def _item(self, typ: str, item: dict[str, Any]) -> list[StreamEvent]:
-        itype, iid = item.get("type"), str(item.get("id") or "")
-        if typ == "item.updated":
-            return []
-        if itype == "agent_message":
-            text = item.get("text") or ""
-            if typ == "item.completed":
-                self.totals.final_text = text
-                return [StreamEvent("message", "assistant", cap(text), raw_type=itype)]
-            return []
-        if itype == "reasoning":
-            return (
-                [StreamEvent("message", "assistant", cap(item.get("text")), raw_type=itype)]
-                if typ == "item.completed"
-                else []
-            )
-        if itype == "error":  # e.g. "Model metadata ... not found": a warning, not fatal
-            return (
-                [StreamEvent("error", "system", cap(item.get("message")), raw_type=itype)]
-                if typ == "item.completed"
-                else []
-            )
-        tool, args, result = _codex_tool(itype, item)
-        if tool is None:
-            return []
-        out: list[StreamEvent] = []
-        if iid not in self._started:  # item.started, or a completed item that never announced its start
-            self._started.add(iid)
-            out.append(
-                StreamEvent(
-                    "tool_call", "assistant", cap(args), tool=tool, args=_cap_args(args), call_id=iid, raw_type=itype
-                )
-            )
-        if typ == "item.completed":
-            status = item.get("status")
-            code = item.get("exit_code")
-            failed = status == "failed" or (isinstance(code, int) and code != 0)
-            out.append(
-                StreamEvent("tool_result", "tool", cap(result), tool=tool, call_id=iid, is_error=failed, raw_type=itype)
-            )
-        return out
+def formats() -> tuple[str, ...]:
+    """The registered stream formats (the agent modules of ``saasbench.agents`` register theirs on import)."""
+    importlib.import_module("saasbench.agents")  # the package imports every built-in agent module
+    return tuple(_PARSERS)
 
 
-def _codex_tool(itype: Any, item: dict[str, Any]) -> tuple[str | None, Any, Any]:
-    if itype == "command_execution":
-        out = item.get("aggregated_output") or ""
-        code = item.get("exit_code")
-        # tool "shell": the name the anti-cheat scanner (agents/anticheat.py) reads commands from
-        return "shell", {"command": item.get("command")}, (f"exit {code}\n" if code is not None else "") + out
-    if itype == "file_change":
-        changes = item.get("changes") or []
-        return "file_change", {"changes": changes}, item.get("status") or ""
-    if itype == "mcp_tool_call":
-        return (
-            f"mcp:{item.get('server')}/{item.get('tool')}",
-            item.get("arguments"),
-            item.get("result") or item.get("error"),
-        )
-    if itype == "web_search":
-        return "web_search", {"query": item.get("query")}, ""
-    if itype == "todo_list":
-        return "todo_list", {"items": item.get("items")}, ""
-    return None, None, None
-
-
-# --- OpenHands -------------------------------------------------------------------------------------
-class OpenHandsParser(StreamParser):
-    format = "openhands"
-    plain_text_ok = True  # `openhands --headless --json` also prints status lines and a summary box on stdout
-
-    def handle(self, obj: dict[str, Any]) -> list[StreamEvent]:
-        kind = obj.get("kind")
-        source = str(obj.get("source") or "")
-        out: list[StreamEvent] = []
-        if kind == "MessageEvent":
-            msg = obj.get("llm_message") or {}
-            text = _oh_text(msg.get("content"))
-            role = msg.get("role") or source
-            if text:
-                out.append(
-                    StreamEvent("message", "assistant" if role == "assistant" else role, cap(text), raw_type=kind)
-                )
-            if role == "assistant":
-                self.totals.turns += 1
-                self.totals.final_text = text
-                self.totals.exit_reason, self.totals.error = "completed", None
-        elif kind == "ActionEvent":
-            self.totals.turns += 1
-            call = obj.get("tool_call") or {}
-            args: Any = call.get("arguments")
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args)
-                except ValueError:
-                    pass
-            if args is None:
-                args = {k: v for k, v in (obj.get("action") or {}).items() if k != "kind"}
-            tool = obj.get("tool_name") or call.get("name")
-            thought = _oh_text(obj.get("thought"))
-            if thought:
-                out.append(StreamEvent("message", "assistant", cap(thought), raw_type="thought"))
-            out.append(
-                StreamEvent(
-                    "tool_call",
-                    "assistant",
-                    cap(args),
-                    tool=tool,
-                    args=_cap_args(args),
-                    call_id=obj.get("tool_call_id"),
-                    raw_type=kind,
-                )
-            )
-            if tool == "finish":
-                self.totals.exit_reason, self.totals.error = "completed", None
-                self.totals.final_text = str((obj.get("action") or {}).get("message") or "")
-        elif kind == "ObservationEvent":
-            obs = obj.get("observation") or {}
-            text = _oh_text(obs.get("content"))
-            code = obs.get("exit_code")
-            failed = bool(obs.get("is_error")) or (isinstance(code, int) and code not in (0, -1))
-            out.append(
-                StreamEvent(
-                    "tool_result",
-                    "tool",
-                    cap((f"exit {code}\n" if code is not None else "") + text),
-                    tool=obj.get("tool_name"),
-                    call_id=obj.get("tool_call_id"),
-                    is_error=failed,
-                    raw_type=kind,
-                )
-            )
-        elif kind in ("AgentErrorEvent", "ConversationErrorEvent"):
-            msg = str(obj.get("error") or obj.get("detail") or obj.get("message") or kind)
-            out.append(
-                StreamEvent("error", "system", cap(msg), tool=obj.get("tool_name"), is_error=True, raw_type=kind)
-            )
-            if kind == "ConversationErrorEvent" or not obj.get("tool_call_id"):
-                self.totals.exit_reason = _oh_error_reason(msg)
-                self.totals.error = cap(f"openhands: {msg}", 500)
-        elif kind == "ConversationStateUpdateEvent":
-            key, value = obj.get("key"), obj.get("value")
-            if key == "execution_status" and isinstance(value, str):
-                status = value.lower()
-                if status == "finished":
-                    self.totals.exit_reason, self.totals.error = "completed", None
-                elif status in ("error", "stuck"):
-                    self.totals.exit_reason = "agent_error"
-                    self.totals.error = f"openhands: execution status {status}"
-        metrics = _find_metrics(obj)
-        if metrics is not None:
-            tin, tout, cost = metrics
-            self._final_usage(tin, tout, cost)  # accumulated values: the latest one is the total
-            out.append(
-                StreamEvent(
-                    "usage",
-                    "system",
-                    f"accumulated: {tin} in, {tout} out",
-                    tokens_in=tin,
-                    tokens_out=tout,
-                    cost_usd=cost,
-                    raw_type="metrics",
-                )
-            )
-            self._usage_final = True
-        return out
-
-
-def _oh_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content).strip()
-    return ""
-
-
-def _oh_error_reason(msg: str) -> str:
-    low = msg.lower()
-    if "maximum iteration" in low or "max_iterations" in low or "budget" in low:
-        return "agent_budget_exceeded"
-    return "agent_error"
-
-
-def _find_metrics(obj: Any, depth: int = 0) -> tuple[int, int, float | None] | None:
-    """OpenHands accumulated metrics ({accumulated_cost, accumulated_token_usage}) anywhere in an event."""
-    if depth > 4:
-        return None
-    if isinstance(obj, dict):
-        usage = obj.get("accumulated_token_usage")
-        if isinstance(usage, dict):
-            cost = obj.get("accumulated_cost")
-            return (
-                _int(usage.get("prompt_tokens")),
-                _int(usage.get("completion_tokens")),
-                float(cost) if isinstance(cost, (int, float)) else None,
-            )
-        for value in obj.values():
-            if isinstance(value, (dict, list)):
-                found = _find_metrics(value, depth + 1)
-                if found is not None:
-                    return found
-    elif isinstance(obj, list):
-        for value in obj[:50]:
-            found = _find_metrics(value, depth + 1)
-            if found is not None:
-                return found
-    return None
-
-
-_PARSERS: dict[str, type[StreamParser]] = {"claude": ClaudeParser, "codex": CodexParser, "openhands": OpenHandsParser}
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name == "FORMATS":  # computed: the registry fills while the agent modules import this one
+        return formats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_parser(fmt: str) -> StreamParser:
+    if fmt not in _PARSERS:
+        formats()
     try:
         return _PARSERS[fmt]()
     except KeyError:
-        raise ValueError(f"unknown stream format {fmt!r} (known: {', '.join(FORMATS)})") from None
+        raise ValueError(f"unknown stream format {fmt!r} (known: {', '.join(formats())})") from None
 
 
 def parse_stream(fmt: str, text: str) -> tuple[list[StreamEvent], StreamTotals]:
@@ -628,9 +302,11 @@ def to_shell(argv: list[str]) -> str:
 class CLIAgent(Agent):
     """A coding-agent CLI run once inside the environment, its JSON-lines stdout parsed into the trajectory.
 
-    Subclasses give ``stream_format``, :meth:`command`, :meth:`install_command`,
-    :meth:`process_env` (gateway URL and key: only the agent process gets them) and optionally
-    :meth:`prepare` (config files in the run folder). Keyword arguments: ``model``,
+    Subclasses give ``stream_format`` (a format whose parser the same module registers with
+    :func:`register_parser`), :meth:`command`, :meth:`install_command`, :meth:`process_env`
+    (gateway URL and key: only the agent process gets them), ``gateway_env``, ``shell_tools`` and
+    ``file_tools`` (see :class:`~saasbench.agents.base.Agent`) and optionally :meth:`prepare`
+    (config files in the run folder). Keyword arguments: ``model``,
     ``base_url`` (the model gateway), ``api_key`` (the per-run key; default: a fresh random
     one), ``bin_dir`` (prepended to PATH, e.g. an npm prefix's ``bin``), ``artefacts_dir``
     (host folder for the raw stream; default: the environment's state folder).
@@ -826,8 +502,8 @@ class NpmInstalledCLI:
     """Mixin for a CLI agent installed from the npm registry (``package``@``package_version``);
     ``npm_prefix`` installs it under a prefix whose ``bin/`` then holds the executable."""
 
-    package: str
-    package_version: str
+    package: ClassVar[str]
+    package_version: ClassVar[str]
     bin_dir: str | None
 
     def __init__(self, *args, npm_prefix: str | None = None, **kwargs):

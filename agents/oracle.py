@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from saasbench.agents.base import Agent, Budget, Trajectory, register_agent
+from saasbench.agents.base import Agent, Budget, ExitReason, Trajectory, register_agent
 
 if TYPE_CHECKING:
     from saasbench.catalog.tasks import Task
@@ -27,6 +27,7 @@ class OracleAgent(Agent):
     """Installs the task's reference implementation: proves the task and its DAG are valid."""
 
     version = "1"
+    shell_tools = frozenset({"exec"})  # its install commands, for the anti-cheat scanner (agents/anticheat.py)
 
     def app_start_command(self, task: Task) -> str | None:
         ref = task.spec.reference
@@ -70,7 +71,7 @@ class OracleAgent(Agent):
                 stderr=result.stderr[-2000:],
             )
             if result.timed_out:
-                reason = "agent_timeout" if timeout < budget.tool_call_s else "agent_error"
+                reason: ExitReason = "agent_timeout" if timeout < budget.tool_call_s else "agent_error"
                 return traj.finish(reason, f"install command {cmd!r} timed out after {timeout:g}s")
             if result.exit_code != 0:
                 last = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or [""]

@@ -373,32 +373,19 @@ HOOKS_SHIM = (
 
 # --- agents -----------------------------------------------------------------------------------------------------
 def agent_env_for(agent_name: str, root_url: str, key: str, model: str | None = None) -> dict[str, str]:
-    """The variables an agent process needs to reach the gateway at ``root_url`` with ``key``.
+    """The variables an agent process needs to reach the gateway at ``root_url`` with ``key``: what the
+    agent's class says (:meth:`saasbench.agents.base.Agent.gateway_env`; ``agent_name`` is a registered
+    name or a ``module:Class`` path). E.g. ``claude-code``: ``ANTHROPIC_BASE_URL`` (no ``/v1``: the CLI
+    appends ``/v1/messages``) and ``ANTHROPIC_API_KEY``; ``codex``: ``OPENAI_BASE_URL`` (``/v1``) and
+    ``OPENAI_API_KEY``; an agent that says nothing, or that cannot be found, gets both the OpenAI and
+    the Anthropic pair. Never a provider key."""
+    from saasbench.agents.base import Agent, AgentNotFound, agent_class
 
-    ``builtin``: ``SAASBENCH_AGENT_API_BASE`` (OpenAI-compatible ``/v1``), ``SAASBENCH_AGENT_API_KEY_ENV``
-    naming ``SAASBENCH_GATEWAY_KEY``, and ``SAASBENCH_AGENT_MODEL`` = ``openai/<model>``;
-    ``claude-code``: ``ANTHROPIC_BASE_URL`` (no ``/v1``: the CLI appends ``/v1/messages``) and
-    ``ANTHROPIC_API_KEY``; ``codex``: ``OPENAI_BASE_URL`` (``/v1``) and ``OPENAI_API_KEY`` (its
-    config.toml provider names that variable); ``openhands``: ``LLM_BASE_URL``/``LLM_API_KEY``; any
-    other agent gets both the OpenAI and the Anthropic pair. Never a provider key."""
-    root = root_url.rstrip("/")
-    v1 = root + "/v1"
-    if agent_name == "builtin":
-        env = {
-            "SAASBENCH_AGENT_API_BASE": v1,
-            "SAASBENCH_AGENT_API_KEY_ENV": "SAASBENCH_GATEWAY_KEY",
-            "SAASBENCH_GATEWAY_KEY": key,
-        }
-        if model:
-            env["SAASBENCH_AGENT_MODEL"] = f"openai/{model}"
-        return env
-    if agent_name == "claude-code":
-        return {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": key}
-    if agent_name == "codex":
-        return {"OPENAI_BASE_URL": v1, "OPENAI_API_KEY": key}
-    if agent_name == "openhands":
-        return {"LLM_BASE_URL": v1, "LLM_API_KEY": key}
-    return {"OPENAI_BASE_URL": v1, "OPENAI_API_KEY": key, "ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": key}
+    try:
+        cls = agent_class(agent_name)
+    except AgentNotFound:
+        cls = Agent
+    return cls.gateway_env(root_url.rstrip("/"), key, model)
 
 
 class GatewayEndpoint:
