@@ -37,8 +37,8 @@ from urllib.parse import parse_qs, urlsplit
 VERSION = "1.0.0"
 DEFAULT_PAGE_SIZE = 25
 MAX_PAGE_SIZE = 100
-CLOCK_SKEW_S = 60  # an entry may start/end at most this far in the future
-MAX_ENTRY_S = 24 * 3600  # a single entry lasts at most 24 hours
+CLOCK_SKEW_S = 60          # an entry may start/end at most this far in the future
+MAX_ENTRY_S = 24 * 3600    # a single entry lasts at most 24 hours
 ROLES = ("admin", "teamlead", "user")
 PBKDF2_ROUNDS = 60_000
 
@@ -183,19 +183,15 @@ def seed(conn: sqlite3.Connection) -> None:
     """Create the seed team and the three evaluation users once (idempotent)."""
     stamp = fmt_time(now_utc())
     team = conn.execute("SELECT id FROM teams WHERE name = ?", (SEED_TEAM,)).fetchone()
-    team_id = (
-        team["id"]
-        if team
-        else conn.execute("INSERT INTO teams (name, created_at) VALUES (?, ?)", (SEED_TEAM, stamp)).lastrowid
-    )
+    team_id = team["id"] if team else conn.execute(
+        "INSERT INTO teams (name, created_at) VALUES (?, ?)", (SEED_TEAM, stamp)).lastrowid
     for username, password, role, rate, in_team in SEED_USERS:
         row = conn.execute("SELECT id FROM users WHERE username = ?", (username,)).fetchone()
         if row is None:
             uid = conn.execute(
                 "INSERT INTO users (username, password_hash, role, team_id, hourly_rate, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (username, hash_password(password), role, team_id if in_team else None, rate, stamp),
-            ).lastrowid
+                (username, hash_password(password), role, team_id if in_team else None, rate, stamp)).lastrowid
             if role == "teamlead":
                 conn.execute("UPDATE teams SET lead_id = ? WHERE id = ? AND lead_id IS NULL", (uid, team_id))
 
@@ -259,7 +255,6 @@ def route(method: str, pattern: str, *, public: bool = False):
     def register(fn):
         ROUTES.append((method, regex, fn, public))
         return fn
-
     return register
 
 
@@ -360,23 +355,15 @@ def authenticate(req: Request) -> None:
         raise ApiError(401, "unauthorized", "a Bearer token is required")
     row = req.db.execute(
         "SELECT u.* FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.token_hash = ? AND u.active = 1",
-        (token_hash(header[7:].strip()),),
-    ).fetchone()
+        (token_hash(header[7:].strip()),)).fetchone()
     if row is None:
         raise ApiError(401, "unauthorized", "the token is invalid or expired")
     req.user = row
 
 
 def user_json(_req, row: sqlite3.Row) -> dict:
-    return {
-        "id": row["id"],
-        "username": row["username"],
-        "role": row["role"],
-        "team_id": row["team_id"],
-        "hourly_rate": row["hourly_rate"],
-        "active": bool(row["active"]),
-        "created_at": row["created_at"],
-    }
+    return {"id": row["id"], "username": row["username"], "role": row["role"], "team_id": row["team_id"],
+            "hourly_rate": row["hourly_rate"], "active": bool(row["active"]), "created_at": row["created_at"]}
 
 
 @route("GET", "/api/health", public=True)
@@ -397,10 +384,8 @@ def login(req: Request):
     if row is None or not check_password(password, row["password_hash"]):
         raise ApiError(401, "invalid_credentials", "wrong username or password")
     token = secrets.token_urlsafe(32)
-    req.db.execute(
-        "INSERT INTO sessions (token_hash, user_id, created_at) VALUES (?, ?, ?)",
-        (token_hash(token), row["id"], fmt_time(now_utc())),
-    )
+    req.db.execute("INSERT INTO sessions (token_hash, user_id, created_at) VALUES (?, ?, ?)",
+                   (token_hash(token), row["id"], fmt_time(now_utc())))
     return 200, {"token": token, "token_type": "Bearer", "user": user_json(req, row)}
 
 
@@ -490,8 +475,7 @@ def create_user(req: Request):
         raise ApiError(409, "duplicate", f"user {username!r} already exists")
     uid = req.db.execute(
         "INSERT INTO users (username, password_hash, role, team_id, hourly_rate, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-        (username, hash_password(password), role, team["id"] if team else None, rate, fmt_time(now_utc())),
-    ).lastrowid
+        (username, hash_password(password), role, team["id"] if team else None, rate, fmt_time(now_utc()))).lastrowid
     return 201, user_json(req, get_row(req, "users", uid, "user"))
 
 
@@ -529,13 +513,8 @@ def update_user(req: Request, id: int):
 
 def team_json(req: Request, row) -> dict:
     members = [r[0] for r in req.db.execute("SELECT id FROM users WHERE team_id = ? ORDER BY id", (row["id"],))]
-    return {
-        "id": row["id"],
-        "name": row["name"],
-        "lead_id": row["lead_id"],
-        "member_ids": members,
-        "created_at": row["created_at"],
-    }
+    return {"id": row["id"], "name": row["name"], "lead_id": row["lead_id"], "member_ids": members,
+            "created_at": row["created_at"]}
 
 
 @route("GET", "/api/teams")
@@ -553,10 +532,8 @@ def create_team(req: Request):
     lead = ref_id(req, body, "lead_id", "users", required=False)
     if req.db.execute("SELECT 1 FROM teams WHERE name = ?", (name,)).fetchone():
         raise ApiError(409, "duplicate", f"team {name!r} already exists")
-    tid = req.db.execute(
-        "INSERT INTO teams (name, lead_id, created_at) VALUES (?, ?, ?)",
-        (name, lead["id"] if lead else None, fmt_time(now_utc())),
-    ).lastrowid
+    tid = req.db.execute("INSERT INTO teams (name, lead_id, created_at) VALUES (?, ?, ?)",
+                         (name, lead["id"] if lead else None, fmt_time(now_utc()))).lastrowid
     if lead:
         req.db.execute("UPDATE users SET team_id = ? WHERE id = ?", (tid, lead["id"]))
     return 201, team_json(req, get_row(req, "teams", tid, "team"))
@@ -572,16 +549,9 @@ def get_team(req: Request, id: int):
 
 # --- 6. handlers: customers ----------------------------------------------------------------------
 def customer_json(_req, row) -> dict:
-    return {
-        "id": row["id"],
-        "name": row["name"],
-        "team_id": row["team_id"],
-        "contact_email": row["contact_email"],
-        "currency": row["currency"],
-        "hourly_rate": row["hourly_rate"],
-        "visible": bool(row["visible"]),
-        "created_at": row["created_at"],
-    }
+    return {"id": row["id"], "name": row["name"], "team_id": row["team_id"], "contact_email": row["contact_email"],
+            "currency": row["currency"], "hourly_rate": row["hourly_rate"], "visible": bool(row["visible"]),
+            "created_at": row["created_at"]}
 
 
 @route("GET", "/api/customers")
@@ -637,9 +607,8 @@ def create_customer(req: Request):
     check_customer_name(req, fields["name"])
     fields["created_at"] = fmt_time(now_utc())
     cols = ", ".join(fields)
-    cid = req.db.execute(
-        f"INSERT INTO customers ({cols}) VALUES ({', '.join('?' * len(fields))})", list(fields.values())
-    ).lastrowid
+    cid = req.db.execute(f"INSERT INTO customers ({cols}) VALUES ({', '.join('?' * len(fields))})",
+                         list(fields.values())).lastrowid
     return 201, customer_json(req, get_row(req, "customers", cid, "customer"))
 
 
@@ -675,15 +644,8 @@ def delete_customer(req: Request, id: int):
 
 # --- 6. handlers: projects -----------------------------------------------------------------------
 def project_json(_req, row) -> dict:
-    return {
-        "id": row["id"],
-        "customer_id": row["customer_id"],
-        "name": row["name"],
-        "description": row["description"],
-        "hourly_rate": row["hourly_rate"],
-        "visible": bool(row["visible"]),
-        "created_at": row["created_at"],
-    }
+    return {"id": row["id"], "customer_id": row["customer_id"], "name": row["name"], "description": row["description"],
+            "hourly_rate": row["hourly_rate"], "visible": bool(row["visible"]), "created_at": row["created_at"]}
 
 
 @route("GET", "/api/projects")
@@ -718,10 +680,8 @@ def project_fields(req: Request, body: dict, creating: bool) -> dict:
 
 
 def check_project_name(req: Request, customer_id: int, name: str, exclude_id: int = 0) -> None:
-    if req.db.execute(
-        "SELECT 1 FROM projects WHERE customer_id = ? AND name = ? COLLATE NOCASE AND id != ?",
-        (customer_id, name, exclude_id),
-    ).fetchone():
+    if req.db.execute("SELECT 1 FROM projects WHERE customer_id = ? AND name = ? COLLATE NOCASE AND id != ?",
+                      (customer_id, name, exclude_id)).fetchone():
         raise ApiError(409, "duplicate", f"project {name!r} already exists for this customer")
 
 
@@ -732,9 +692,8 @@ def create_project(req: Request):
         raise forbidden("only admins and the customer's team lead may create projects")
     check_project_name(req, fields["customer_id"], fields["name"])
     fields["created_at"] = fmt_time(now_utc())
-    pid = req.db.execute(
-        f"INSERT INTO projects ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})", list(fields.values())
-    ).lastrowid
+    pid = req.db.execute(f"INSERT INTO projects ({', '.join(fields)}) VALUES ({', '.join('?' * len(fields))})",
+                         list(fields.values())).lastrowid
     return 201, project_json(req, get_row(req, "projects", pid, "project"))
 
 
@@ -771,14 +730,8 @@ def delete_project(req: Request, id: int):
 
 # --- 6. handlers: activities ---------------------------------------------------------------------
 def activity_json(_req, row) -> dict:
-    return {
-        "id": row["id"],
-        "project_id": row["project_id"],
-        "name": row["name"],
-        "hourly_rate": row["hourly_rate"],
-        "visible": bool(row["visible"]),
-        "created_at": row["created_at"],
-    }
+    return {"id": row["id"], "project_id": row["project_id"], "name": row["name"], "hourly_rate": row["hourly_rate"],
+            "visible": bool(row["visible"]), "created_at": row["created_at"]}
 
 
 def can_manage_activity(req: Request, project_id) -> bool:
@@ -805,16 +758,12 @@ def create_activity(req: Request):
     rate = opt_rate(body)
     if not can_manage_activity(req, project["id"] if project else None):
         raise forbidden("only admins create global activities; team leads create activities of their projects")
-    dup = req.db.execute(
-        "SELECT 1 FROM activities WHERE name = ? COLLATE NOCASE AND project_id IS ?",
-        (name, project["id"] if project else None),
-    ).fetchone()
+    dup = req.db.execute("SELECT 1 FROM activities WHERE name = ? COLLATE NOCASE AND project_id IS ?",
+                         (name, project["id"] if project else None)).fetchone()
     if dup:
         raise ApiError(409, "duplicate", f"activity {name!r} already exists")
-    aid = req.db.execute(
-        "INSERT INTO activities (project_id, name, hourly_rate, created_at) VALUES (?, ?, ?, ?)",
-        (project["id"] if project else None, name, rate, fmt_time(now_utc())),
-    ).lastrowid
+    aid = req.db.execute("INSERT INTO activities (project_id, name, hourly_rate, created_at) VALUES (?, ?, ?, ?)",
+                         (project["id"] if project else None, name, rate, fmt_time(now_utc()))).lastrowid
     return 201, activity_json(req, get_row(req, "activities", aid, "activity"))
 
 
@@ -853,31 +802,16 @@ def delete_activity(req: Request, id: int):
 # --- 6. handlers: timesheets ---------------------------------------------------------------------
 TIMESHEET_FROM = """FROM timesheets t JOIN users u ON u.id = t.user_id JOIN projects p ON p.id = t.project_id
 JOIN customers c ON c.id = p.customer_id JOIN activities a ON a.id = t.activity_id"""
-TIMESHEET_SELECT = (
-    "SELECT t.*, u.username, p.name AS project_name, p.customer_id, c.name AS customer_name, "
-    "a.name AS activity_name " + TIMESHEET_FROM
-)
+TIMESHEET_SELECT = ("SELECT t.*, u.username, p.name AS project_name, p.customer_id, c.name AS customer_name, "
+                    "a.name AS activity_name " + TIMESHEET_FROM)
 
 
 def timesheet_json(_req, row) -> dict:
-    return {
-        "id": row["id"],
-        "user_id": row["user_id"],
-        "username": row["username"],
-        "customer_id": row["customer_id"],
-        "project_id": row["project_id"],
-        "activity_id": row["activity_id"],
-        "description": row["description"],
-        "begin": row["begin_at"],
-        "end": row["end_at"],
-        "duration_seconds": row["duration_seconds"],
-        "hourly_rate": row["hourly_rate"],
-        "amount": row["amount"],
-        "billable": bool(row["billable"]),
-        "running": row["end_at"] is None,
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-    }
+    return {"id": row["id"], "user_id": row["user_id"], "username": row["username"], "customer_id": row["customer_id"],
+            "project_id": row["project_id"], "activity_id": row["activity_id"], "description": row["description"],
+            "begin": row["begin_at"], "end": row["end_at"], "duration_seconds": row["duration_seconds"],
+            "hourly_rate": row["hourly_rate"], "amount": row["amount"], "billable": bool(row["billable"]),
+            "running": row["end_at"] is None, "created_at": row["created_at"], "updated_at": row["updated_at"]}
 
 
 def load_timesheet(req: Request, id: int) -> sqlite3.Row:
@@ -903,16 +837,10 @@ def resolve_rate(req: Request, user_id: int, project, activity) -> float:
 
 def booking_target(req: Request, body: dict, current=None):
     """The project and activity of a new or changed entry, checked for existence and visibility."""
-    project = (
-        ref_id(req, body, "project_id", "projects")
-        if current is None or "project_id" in body
-        else get_row(req, "projects", current["project_id"], "project")
-    )
-    activity = (
-        ref_id(req, body, "activity_id", "activities")
-        if current is None or "activity_id" in body
-        else get_row(req, "activities", current["activity_id"], "activity")
-    )
+    project = ref_id(req, body, "project_id", "projects") if current is None or "project_id" in body else \
+        get_row(req, "projects", current["project_id"], "project")
+    activity = ref_id(req, body, "activity_id", "activities") if current is None or "activity_id" in body else \
+        get_row(req, "activities", current["activity_id"], "activity")
     customer = get_row(req, "customers", project["customer_id"], "customer")
     if not project["visible"] or not customer["visible"]:
         raise invalid("project_id", "the project or its customer is hidden; no time can be booked on it")
@@ -933,11 +861,8 @@ def entry_owner(req: Request, body: dict) -> int:
         if req.db.execute("SELECT 1 FROM users WHERE id = ?", (owner_id,)).fetchone() is None:
             raise invalid("user_id", f"user_id {owner_id} does not exist")
         if not can_see_user_entries(req, owner_id):
-            raise forbidden(
-                "you may only book time for yourself"
-                if req.user["role"] == "user"
-                else "you may only book time for members of your team"
-            )
+            raise forbidden("you may only book time for yourself" if req.user["role"] == "user"
+                            else "you may only book time for members of your team")
     return owner_id
 
 
@@ -960,19 +885,14 @@ def check_interval(begin: dt.datetime, end: dt.datetime | None) -> int | None:
 @route("GET", "/api/timesheets")
 def list_timesheets(req: Request):
     cond, params = timesheet_filters(req)
-    return 200, paginate(
-        req, f"{TIMESHEET_SELECT} WHERE {cond} ORDER BY t.begin_at DESC, t.id DESC", params, timesheet_json
-    )
+    return 200, paginate(req, f"{TIMESHEET_SELECT} WHERE {cond} ORDER BY t.begin_at DESC, t.id DESC", params,
+                         timesheet_json)
 
 
 def timesheet_filters(req: Request) -> tuple[str, list]:
     cond, params = timesheet_scope(req)
-    for name, column in (
-        ("user_id", "t.user_id"),
-        ("project_id", "t.project_id"),
-        ("activity_id", "t.activity_id"),
-        ("customer_id", "p.customer_id"),
-    ):
+    for name, column in (("user_id", "t.user_id"), ("project_id", "t.project_id"),
+                         ("activity_id", "t.activity_id"), ("customer_id", "p.customer_id")):
         value = req.q_int(name)
         if value is not None:
             cond += f" AND {column} = ?"
@@ -1010,21 +930,8 @@ def create_timesheet(req: Request):
     tid = req.db.execute(
         "INSERT INTO timesheets (user_id, project_id, activity_id, description, begin_at, end_at, duration_seconds, "
         "hourly_rate, amount, billable, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            owner_id,
-            project["id"],
-            activity["id"],
-            description,
-            fmt_time(begin),
-            fmt_time(end),
-            duration,
-            rate,
-            amount,
-            int(billable),
-            stamp,
-            stamp,
-        ),
-    ).lastrowid
+        (owner_id, project["id"], activity["id"], description, fmt_time(begin), fmt_time(end), duration, rate,
+         amount, int(billable), stamp, stamp)).lastrowid
     return 201, timesheet_json(req, load_timesheet(req, tid))
 
 
@@ -1032,13 +939,11 @@ def create_timesheet(req: Request):
 def start_timer(req: Request):
     body = req.json_object()
     project, activity = booking_target(req, body)
-    running = req.db.execute(
-        "SELECT id FROM timesheets WHERE user_id = ? AND end_at IS NULL", (req.user["id"],)
-    ).fetchone()
+    running = req.db.execute("SELECT id FROM timesheets WHERE user_id = ? AND end_at IS NULL",
+                             (req.user["id"],)).fetchone()
     if running is not None:
-        raise ApiError(
-            409, "timer_running", "you already have a running timer; stop it first", running_id=running["id"]
-        )
+        raise ApiError(409, "timer_running", "you already have a running timer; stop it first",
+                       running_id=running["id"])
     description = body.get("description", "")
     if not isinstance(description, str):
         raise invalid("description", "description must be a string")
@@ -1055,9 +960,8 @@ def start_timer(req: Request):
 
 @route("GET", "/api/timesheets/active")
 def active_timers(req: Request):
-    rows = req.db.execute(
-        TIMESHEET_SELECT + " WHERE t.user_id = ? AND t.end_at IS NULL ORDER BY t.id", (req.user["id"],)
-    ).fetchall()
+    rows = req.db.execute(TIMESHEET_SELECT + " WHERE t.user_id = ? AND t.end_at IS NULL ORDER BY t.id",
+                          (req.user["id"],)).fetchall()
     return 200, [timesheet_json(req, r) for r in rows]
 
 
@@ -1070,10 +974,8 @@ def stop_timer(req: Request, id: int):
     end = max(now_utc(), begin)
     duration = int((end - begin).total_seconds())
     amount = money(duration, row["hourly_rate"]) if row["billable"] else 0.0
-    req.db.execute(
-        "UPDATE timesheets SET end_at = ?, duration_seconds = ?, amount = ?, updated_at = ? WHERE id = ?",
-        (fmt_time(end), duration, amount, fmt_time(now_utc()), id),
-    )
+    req.db.execute("UPDATE timesheets SET end_at = ?, duration_seconds = ?, amount = ?, updated_at = ? WHERE id = ?",
+                   (fmt_time(end), duration, amount, fmt_time(now_utc()), id))
     return 200, timesheet_json(req, load_timesheet(req, id))
 
 
@@ -1109,20 +1011,8 @@ def update_timesheet(req: Request, id: int):
     req.db.execute(
         "UPDATE timesheets SET project_id = ?, activity_id = ?, description = ?, begin_at = ?, end_at = ?, "
         "duration_seconds = ?, hourly_rate = ?, amount = ?, billable = ?, updated_at = ? WHERE id = ?",
-        (
-            project["id"],
-            activity["id"],
-            description,
-            fmt_time(begin),
-            fmt_time(end) if end else None,
-            duration,
-            rate,
-            amount,
-            int(billable),
-            fmt_time(now_utc()),
-            id,
-        ),
-    )
+        (project["id"], activity["id"], description, fmt_time(begin), fmt_time(end) if end else None, duration, rate,
+         amount, int(billable), fmt_time(now_utc()), id))
     return 200, timesheet_json(req, load_timesheet(req, id))
 
 
@@ -1134,12 +1024,8 @@ def delete_timesheet(req: Request, id: int):
 
 
 # --- 7. reports and export -----------------------------------------------------------------------
-GROUPS = {
-    "project": ("t.project_id", "p.name"),
-    "customer": ("p.customer_id", "c.name"),
-    "activity": ("t.activity_id", "a.name"),
-    "user": ("t.user_id", "u.username"),
-}
+GROUPS = {"project": ("t.project_id", "p.name"), "customer": ("p.customer_id", "c.name"),
+          "activity": ("t.activity_id", "a.name"), "user": ("t.user_id", "u.username")}
 
 
 @route("GET", "/api/reports/summary")
@@ -1152,42 +1038,16 @@ def report_summary(req: Request):
     rows = req.db.execute(
         f"SELECT {key} AS id, {label} AS name, SUM(t.duration_seconds) AS duration_seconds, "
         f"SUM(t.amount) AS amount, COUNT(*) AS count {TIMESHEET_FROM} "
-        f"WHERE {cond} AND t.end_at IS NOT NULL GROUP BY {key} ORDER BY name COLLATE NOCASE, id",
-        params,
-    ).fetchall()
-    items = [
-        {
-            "id": r["id"],
-            "name": r["name"],
-            "duration_seconds": r["duration_seconds"],
-            "amount": round(r["amount"], 2),
-            "count": r["count"],
-        }
-        for r in rows
-    ]
-    totals = {
-        "duration_seconds": sum(i["duration_seconds"] for i in items),
-        "amount": round(sum(i["amount"] for i in items), 2),
-        "count": sum(i["count"] for i in items),
-    }
+        f"WHERE {cond} AND t.end_at IS NOT NULL GROUP BY {key} ORDER BY name COLLATE NOCASE, id", params).fetchall()
+    items = [{"id": r["id"], "name": r["name"], "duration_seconds": r["duration_seconds"],
+              "amount": round(r["amount"], 2), "count": r["count"]} for r in rows]
+    totals = {"duration_seconds": sum(i["duration_seconds"] for i in items),
+              "amount": round(sum(i["amount"] for i in items), 2), "count": sum(i["count"] for i in items)}
     return 200, {"group_by": group_by, "rows": items, "totals": totals}
 
 
-EXPORT_COLUMNS = [
-    "id",
-    "date",
-    "begin",
-    "end",
-    "duration_seconds",
-    "user",
-    "customer",
-    "project",
-    "activity",
-    "description",
-    "billable",
-    "hourly_rate",
-    "amount",
-]
+EXPORT_COLUMNS = ["id", "date", "begin", "end", "duration_seconds", "user", "customer", "project", "activity",
+                  "description", "billable", "hourly_rate", "amount"]
 
 
 @route("GET", "/api/timesheets/export")
@@ -1201,28 +1061,13 @@ def export_timesheets(req: Request):
     writer = csv.writer(out, lineterminator="\r\n")
     writer.writerow(EXPORT_COLUMNS)
     for r in rows:
-        writer.writerow(
-            [
-                r["id"],
-                r["begin_at"][:10],
-                r["begin_at"],
-                r["end_at"] or "",
-                "" if r["duration_seconds"] is None else r["duration_seconds"],
-                r["username"],
-                r["customer_name"],
-                r["project_name"],
-                r["activity_name"],
-                r["description"],
-                "true" if r["billable"] else "false",
-                f"{r['hourly_rate']:.2f}",
-                "" if r["amount"] is None else f"{r['amount']:.2f}",
-            ]
-        )
-    return 200, (
-        "text/csv; charset=utf-8",
-        out.getvalue().encode("utf-8"),
-        {"Content-Disposition": 'attachment; filename="timesheets.csv"'},
-    )
+        writer.writerow([r["id"], r["begin_at"][:10], r["begin_at"], r["end_at"] or "",
+                         "" if r["duration_seconds"] is None else r["duration_seconds"], r["username"],
+                         r["customer_name"], r["project_name"], r["activity_name"], r["description"],
+                         "true" if r["billable"] else "false", f"{r['hourly_rate']:.2f}",
+                         "" if r["amount"] is None else f"{r['amount']:.2f}"])
+    return 200, ("text/csv; charset=utf-8", out.getvalue().encode("utf-8"),
+                 {"Content-Disposition": 'attachment; filename="timesheets.csv"'})
 
 
 # --- 8. server ------------------------------------------------------------------------------------
@@ -1231,7 +1076,7 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "TimeTrack/" + VERSION
     db: sqlite3.Connection = None  # set by main()
-    lock = threading.Lock()  # one request at a time touches the database
+    lock = threading.Lock()        # one request at a time touches the database
 
     def log_message(self, fmt, *args):  # quiet by default; TIMETRACK_LOG=1 logs requests
         if os.environ.get("TIMETRACK_LOG"):
