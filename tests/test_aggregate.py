@@ -429,7 +429,7 @@ def test_report_and_compare_commands(lake, tmp_path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from saasbench.cli.lake import compare_cmd, report_cmd
+    from saasbench.cli.results import compare_cmd, report_cmd
 
     app = typer.Typer()
     app.command("report")(report_cmd)

@@ -229,7 +229,7 @@ def test_sweep_cmd_limit_options(tmp_path, monkeypatch):
     import typer
     from typer.testing import CliRunner
 
-    from saasbench.cli.flows import sweep_cmd
+    from saasbench.cli.sweep import sweep_cmd
 
     app = typer.Typer()
     app.command("sweep")(sweep_cmd)

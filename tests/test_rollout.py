@@ -1,6 +1,6 @@
 """``saasbench rollout`` (saasbench/cli/rollout.py) and its core ``saasbench.runs.trial.run_rollout``.
 
-The command is registered on a private Typer app here (cli.py registers it with
+The command is registered on a private Typer app here (saasbench/cli/main.py registers it with
 ``app.command("rollout")(rollout_cmd)``). Agents: oracle and nop on the demo task, the builtin
 agent against the scripted fake LLM (tests/fake_llm.py), and the Claude Code adapter with a
 stand-in CLI that prints a recorded stream-json (tests/test_agent_adapters.py).

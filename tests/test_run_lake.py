@@ -18,7 +18,7 @@ from prefect.testing.utilities import prefect_test_harness
 from saasbench import lake as lakelib
 from saasbench.agents.builtin import ENV_API_BASE, ENV_BACKOFF_BASE, ENV_BACKOFF_CAP
 from saasbench.agents.oracle import OracleAgent
-from saasbench.cli.flows import run_cmd
+from saasbench.cli.sweep import run_cmd
 from saasbench.runs import sweep as sw
 
 REF = Path(__file__).resolve().parents[1] / "tasks" / "timetrack" / "reference"
@@ -150,7 +150,7 @@ def test_voided_trial_in_the_lake_has_outcome_evidence_and_scores_zero(tmp_path)
 def test_saasbench_sweep_with_a_judge(tmp_path, capsys, monkeypatch) -> None:
     """``saasbench sweep --judge-model M --judge-api-base URL`` (the typer function, --no-prefect):
     llm-judge nodes are scored by the judge (not SKIPPED_LLM) and every vote is a judge_calls row."""
-    from saasbench.cli.flows import sweep_cmd
+    from saasbench.cli.sweep import sweep_cmd
 
     lake = str(tmp_path / "lake")
     monkeypatch.chdir(tmp_path)  # the HTML report goes to runs/reports under the working folder

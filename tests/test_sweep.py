@@ -263,7 +263,7 @@ def test_sweep_cmd_no_prefect(tmp_path, count_runs):
     import typer
     from typer.testing import CliRunner
 
-    from saasbench.cli.flows import sweep_cmd
+    from saasbench.cli.sweep import sweep_cmd
 
     app = typer.Typer()
     app.command("sweep")(sweep_cmd)

@@ -70,7 +70,7 @@ def test_validate_reference_reports_flaky_and_writes_quarantine(tmp_path: Path) 
 
 def test_quarantine_file_is_read_by_evaluate_format(tmp_path: Path) -> None:
     """The quarantine file is the format `saasbench evaluate --quarantine` reads."""
-    from saasbench.cli.main import _read_quarantine
+    from saasbench.cli.evaluate import _read_quarantine
 
     path = tmp_path / "q.txt"
     path.write_text("# header\n# Flaky only through a flaky prerequisite (not listed): X\nA\nB\n")

@@ -56,7 +56,8 @@ class ProgressPrinter:
         if kind == "tool_call":
             self.tool_calls += 1
             tool = data.get("tool") or "tool"
-            args = data.get("args") if isinstance(data.get("args"), dict) else {}
+            raw_args = data.get("args")
+            args = raw_args if isinstance(raw_args, dict) else {}
             what = ev.message or args.get("command") or args.get("path") or args.get("file_path") or ""
             self.console.print(
                 f"{stamp} step {self.tool_calls:>3} [bold]{escape(str(tool))}[/bold] {escape(_short(what))}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -59,7 +59,7 @@ def tasks_list(
     errors: list[str] = []
     tasks = find_tasks(root, errors=errors)
     client = docker_client_or_none() if images else None
-    rows = []
+    rows: list[dict[str, Any]] = []
     for t in tasks:
         ready = readiness(t, docker_client=client)
         rows.append(

@@ -2,7 +2,7 @@
 
 Wiring (in saasbench/cli/main.py)::
 
-    from saasbench.cli.flows import run_cmd, sweep_cmd
+    from saasbench.cli.sweep import run_cmd, sweep_cmd
     app.command("run")(run_cmd)
     app.command("sweep")(sweep_cmd)
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, cast
 
 import typer
 from rich.console import Console
@@ -217,7 +217,7 @@ def sweep_cmd(
         prefect_env()
         from saasbench.flows.sweep import sweep_flow
 
-        res = sweep_flow(spec.model_dump(mode="json"), dispatch=dispatch)
+        res = sweep_flow(spec.model_dump(mode="json"), dispatch=cast(Literal["local", "deployment"], dispatch))
         outcomes, board, html = res["outcomes"], res["leaderboard"], res["html"]
     console.print(f"ran {len(outcomes)} trial(s) now ({len(plan(spec)) - len(outcomes)} already committed)")
     console.print(board, markup=False, highlight=False)
