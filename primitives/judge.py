@@ -12,7 +12,13 @@ Outcomes:
   with ``unreachable=True`` when the app did not answer (a missing page is the app's failure,
   not the judge's outage);
 - otherwise ``passed = score > 0`` with the call's model, prompt hash, evidence digest, reply
-  excerpt, latency and cache flag as evidence.
+  excerpt, latency and cache flag as evidence;
+- deferred judging (the run's judge a :class:`saasbench.evaluation.judging.DeferredJudge` that defers
+  this node): the gathered evidence is stored as a :class:`~saasbench.evaluation.judging.JudgeRequest`
+  and the step is a pending judgement (SKIPPED_LLM with ``judge_pending``) until the judge stage.
+
+The verdict -> StepResult part is :func:`saasbench.evaluation.judging.verdict_step_result`, shared
+with the judge stage.
 
 Evidence types: ``code_files`` (workspace sample, see :func:`saasbench.services.judge.code_evidence`),
 ``http_response_body``/``http_response_html`` (the last response), ``rendered_dom`` (set by
@@ -33,6 +39,7 @@ from pydantic import Field, field_validator, model_validator
 
 from saasbench.dag import note, warn
 from saasbench.evaluation.context import RunContext
+from saasbench.evaluation.judging import DeferredJudge, JudgeRequest
 from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive
 from saasbench.services.judge import (
@@ -106,7 +113,6 @@ DEFAULT_SCORE_RANGE = (0.0, 5.0)  # the reference harness's default, used only w
 _RUBRIC_RANGE_RE = re.compile(
     r"(?i)\b(?:score|scores|scoring|range|rate|points?)\b[^0-9\n]{0,24}?(0)\s*(?:-|–|—|\.\.|to)\s*(\d+(?:\.\d+)?)\b"
 )
-RAW_REPLY_EXCERPT = 500
 RAW_FIELDS = frozenset(
     {"rubric_prompt", "prompt", "rubric"}
 )  # rubric text is sent verbatim, never placeholder-resolved
@@ -391,49 +397,24 @@ def llm_judge(inputs: P17Inputs, ctx: RunContext) -> StepResult:
             evidence={"evidence_type": inputs.evidence_type},
         )
 
-    tags = {"rubric_id": inputs.rubric_id, "evidence_type": inputs.evidence_type, "task_id": ctx.target.task_id}
-    verdict = judge.score(
-        inputs.rubric_prompt,
-        evidence.text,
-        told,
-        images=evidence.images,
-        tags={k: v for k, v in tags.items() if v is not None},
-        deadline_s=ctx.remaining(),
-    )
-    record: dict[str, Any] = {
-        "model": verdict.model,
-        "prompt_hash": verdict.prompt_hash,
-        "evidence_digest": verdict.evidence_digest,
+    tags = {
+        "rubric_id": inputs.rubric_id,
         "evidence_type": inputs.evidence_type,
-        "evidence": evidence.summary,
-        "score_range": list(told),
-        "score_range_source": range_source,
-        "raw_reply": (verdict.raw_reply or "")[:RAW_REPLY_EXCERPT],
-        "latency_ms": verdict.latency_ms,
-        "cached": verdict.cached,
-        "attempts": verdict.attempts,
-        "tokens_in": verdict.tokens_in,
-        "tokens_out": verdict.tokens_out,
+        "task_id": ctx.target.task_id,
+        "node_id": getattr(ctx, "node_id", None),
     }
-    if inputs.rubric_id:
-        record["rubric_id"] = inputs.rubric_id
-    if len(verdict.votes) > 1 or verdict.spread is not None:
-        record.update(votes=verdict.votes, spread=verdict.spread)
-    if not verdict.ok:
-        record["error"] = verdict.error
-        return StepResult(
-            passed=False, judge_skipped=True, message=f"judge unavailable: {verdict.error}", evidence=record
-        )
-
-    score = float(verdict.score)  # type: ignore[arg-type]
-    lo, hi = told
-    reason = f": {verdict.reasoning[:200]}" if verdict.reasoning else ""
-    message = f"judge score {score:g} on [{lo:g}, {hi:g}]{' (cached)' if verdict.cached else ''}{reason}"
-    return StepResult(
-        passed=score > 0,
-        judge_score=score,
-        judge_range=handed,
-        message=message,
-        evidence=record,
-        value={"score": score, "score_range": [lo, hi], "reasoning": verdict.reasoning},
+    request = JudgeRequest.from_evidence(
+        evidence,
+        node_id=getattr(ctx, "node_id", None) or "",
+        step_index=getattr(ctx, "step_index", None) or 0,
+        rubric_prompt=inputs.rubric_prompt,
+        evidence_type=inputs.evidence_type,
+        score_range=told,
+        engine_range=handed,
+        range_source=range_source,
+        tags={k: v for k, v in tags.items() if v is not None},
+        rubric_id=inputs.rubric_id,
     )
+    if isinstance(judge, DeferredJudge) and judge.defers(request.node_id):
+        return judge.defer(request)  # judged later by the judge stage (saasbench.evaluation.judging)
+    return request.judge(judge, deadline_s=ctx.remaining())

@@ -84,6 +84,8 @@ class RunContext:
         self.last_created_id: Any = None
         self._http: HttpClient | None = None
         self.node_max_score: float | None = None  # maxScore of the node running now (P17's default range)
+        self.node_id: str | None = None  # the node running now and its step (P17's judge request, deferred judging)
+        self.step_index: int | None = None
         self.judge: Any = None  # a saasbench.services.judge.Judge when an LLM judge is configured
         self.resources: dict[str, Any] = {}  # per-run handles (database connection, browser, ...)
         self._closers: list[Callable[[], None]] = []

@@ -25,7 +25,7 @@ from saasbench.dag import Dag, Node, execution_order
 from saasbench.dag.placeholders import UnresolvedPlaceholder
 from saasbench.evaluation import scoring
 from saasbench.evaluation.context import RunContext
-from saasbench.evaluation.results import NodeResult, RunReport, Status, StepRecord, StepResult, Summary
+from saasbench.evaluation.results import NodeResult, RunReport, Status, StepRecord, StepResult
 
 
 @dataclass
@@ -137,6 +137,7 @@ class Engine:
         ctx.node_scope = {}
         response_before = ctx.last_response
         ctx.node_max_score = node.max_score
+        ctx.node_id = node.id
         budget = ctx.options.judge_node_timeout_s if node.method == "llm-judge" else ctx.options.node_timeout_s
         ctx.start_node_clock(budget)
         t0 = time.perf_counter()
@@ -144,7 +145,6 @@ class Engine:
         step_results: list[StepResult] = []
         status: Status | None = None
         message = ""
-        judge_info = None
         for index, step in enumerate(node.steps):
             if ctx.remaining() <= 0:
                 status, message = (
@@ -153,6 +153,7 @@ class Engine:
                 )
                 break
             s0 = time.perf_counter()
+            ctx.step_index = index
             try:
                 result = self._run_step(step.type, step.inputs)
             except Exception as exc:  # noqa: BLE001 - a primitive crashed: ERROR, chain stops, run goes on
@@ -180,25 +181,25 @@ class Engine:
                     evidence=result.evidence,
                 )
             )
-            if step.type == "P17" or result.judge_score is not None or result.judge_skipped:
-                judge_info = {
-                    "score": result.judge_score,
-                    "range": result.judge_range,
-                    "skipped": result.judge_skipped,
-                    "message": result.message,
-                }
             if not result.passed and node.method == "binary":
                 break  # binary chains short-circuit
             if node.method == "llm-judge" and not result.passed and result.unreachable:
                 break  # evidence could not be gathered: the app's failure, not the judge's
 
-        score, status, message = self._score(node, status, message, step_results, records)
-        ctx.nodes[node.id] = self._outputs(status, score, response_before)
+        ctx.node_id = ctx.step_index = None
+        outcome = self._score(node, status, message, step_results, records)
+        ctx.nodes[node.id] = self._outputs(outcome.status, outcome.score, response_before)
         if node.id in self.options.quarantine:
-            message = f"quarantined; ran as {status.value}: {message}"
-            status = Status.QUARANTINED
+            outcome = scoring.quarantined(outcome)
         return NodeResult(
-            **base, status=status, score=score, message=message, duration_ms=_ms(t0), steps=records, judge=judge_info
+            **base,
+            status=outcome.status,
+            score=outcome.score,
+            message=outcome.message,
+            duration_ms=_ms(t0),
+            steps=records,
+            judge=scoring.judge_info(records, step_results),
+            judge_pending=outcome.judge_pending,
         )
 
     def _run_step(self, code: str, raw_inputs: dict) -> StepResult:
@@ -232,45 +233,26 @@ class Engine:
 
     def _score(
         self, node: Node, status: Status | None, message: str, results: list[StepResult], records: list[StepRecord]
-    ):
-        if status is not None and status != Status.FAILED:  # ERROR
-            return 0.0, status, message
-        if status == Status.FAILED:  # deadline
-            return 0.0, status, message
+    ) -> scoring.Outcome:
+        if status is not None:  # ERROR, or FAILED by the node deadline
+            return scoring.Outcome(0.0, status, message)
         k = len(node.steps)
         passed = sum(1 for r in results if r.passed)
         all_passed = passed == k and len(results) == k
-        first_failure = next((r for r in records if not r.passed), None)
-        fail_msg = (
-            f"step {first_failure.index} {first_failure.type} failed: {first_failure.message}" if first_failure else ""
-        )
+        fail_msg = scoring.first_failure_message(records)
         if node.method == "binary":
             score = scoring.binary_score(all_passed, node.max_score)
-            return score, scoring.status_for(score, node.max_score, all_passed), fail_msg or f"{k}/{k} steps passed"
+            return scoring.Outcome(
+                score, scoring.status_for(score, node.max_score, all_passed), fail_msg or f"{k}/{k} steps passed"
+            )
         if node.method == "weighted":
             score = scoring.weighted_score(passed, k, node.max_score)
-            return (
+            return scoring.Outcome(
                 score,
                 scoring.status_for(score, node.max_score, all_passed),
                 f"{passed}/{k} steps passed" + (f"; {fail_msg}" if fail_msg else ""),
             )
-        # llm-judge
-        judge = next((r for r in reversed(results) if r.judge_score is not None or r.judge_skipped), None)
-        evidence_failed = next(
-            (r for r in results if not r.passed and r.judge_score is None and not r.judge_skipped), None
-        )
-        if evidence_failed is not None:
-            return 0.0, Status.FAILED, f"evidence step failed: {fail_msg}"
-        if judge is None:
-            return 0.0, Status.FAILED, "llm-judge node produced no judge verdict"
-        if judge.judge_skipped:
-            return 0.0, Status.SKIPPED_LLM, judge.message or "judge unavailable"
-        score = round(scoring.judge_score(judge.judge_score or 0.0, judge.judge_range, node.max_score), 4)
-        return (
-            score,
-            scoring.status_for(score, node.max_score, score > 0),
-            judge.message or f"judge score {judge.judge_score}",
-        )
+        return scoring.llm_judge_outcome(results, node.max_score, fail_msg)
 
     def _outputs(self, status: Status, score: float, response_before) -> dict:
         """What ``{{NODE.field}}`` can read: the node's captures, verdict and its own last response."""
@@ -316,18 +298,6 @@ def build_report(
     ctx: RunContext | None = None,
     quarantined: list[str] | None = None,
 ) -> RunReport:
-    agg = scoring.aggregate(results)
-    summary = Summary(
-        task_score=agg.percent,
-        deterministic_score=scoring.deterministic_score(results),
-        score=agg.score,
-        max_score=agg.max_score,
-        skipped_llm_max_score=agg.skipped_llm_max_score,
-        node_coverage=scoring.node_coverage(results),
-        total_nodes=len(results),
-        counts=agg.counts,
-        elapsed_s=round(elapsed_s, 3),
-    )
     return RunReport(
         dag=dag.source,
         task_id=dag.meta.get("task_id"),
@@ -340,13 +310,12 @@ def build_report(
             "max_response_bytes": ctx.options.max_response_bytes,
             "judge_enabled": ctx.options.judge_enabled,
             "judge_model": getattr(getattr(ctx.judge, "config", None), "model", None),
+            **({"judge_deferred": True} if getattr(ctx.judge, "deferred", False) is True else {}),
             **_exec_option(ctx),
         }
         if ctx
         else {},
-        summary=summary,
-        categories=scoring.group_by(results, lambda r: r.category),
-        complexity_tiers=scoring.group_by(results, lambda r: r.complexity_tier),
+        **scoring.report_totals(results, elapsed_s),
         nodes=results,
         quarantined=quarantined or [],
     )

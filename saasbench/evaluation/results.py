@@ -26,6 +26,8 @@ class StepResult(BaseModel):
 
     ``judge_score``/``judge_skipped`` are set only by the LLM judge; ``unreachable`` marks an
     app that did not answer (a missing page is the app's failure, not the judge's outage).
+    ``judge_pending`` (with ``judge_skipped``): the evidence was stored for a later judge stage
+    instead of being judged (deferred judging, :mod:`saasbench.evaluation.judging`).
     """
 
     passed: bool
@@ -35,7 +37,25 @@ class StepResult(BaseModel):
     judge_score: float | None = None
     judge_range: tuple[float, float] | None = None
     judge_skipped: bool = False
+    judge_pending: bool = False
     unreachable: bool = False
+
+    @property
+    def is_judgement(self) -> bool:
+        """A judge's answer (a score, a skip or a pending judgement), not an evidence step."""
+        return self.judge_score is not None or self.judge_skipped
+
+    def judge_info(self) -> dict[str, Any]:
+        """What a node reports under ``judge`` for this step (``pending`` only when deferred)."""
+        info: dict[str, Any] = {
+            "score": self.judge_score,
+            "range": self.judge_range,
+            "skipped": self.judge_skipped,
+            "message": self.message,
+        }
+        if self.judge_pending:
+            info["pending"] = True
+        return info
 
 
 class StepRecord(BaseModel):
@@ -63,6 +83,11 @@ class NodeResult(BaseModel):
     duration_ms: float = 0.0
     steps: list[StepRecord] = Field(default_factory=list)
     judge: dict[str, Any] | None = None
+    judge_pending: bool = Field(
+        default=False,
+        description="SKIPPED_LLM (or QUARANTINED) because its evidence waits for the judge stage "
+        "(deferred judging); judge_pending() in saasbench.evaluation.judging completes it",
+    )
 
 
 class Counts(BaseModel):
