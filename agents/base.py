@@ -274,7 +274,7 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
     else:
         where = "Docker environment"
         # the trial's real container name (per trial); the name the public prompt gives is another machine's
-        container = getattr(env, "container_name", None) or extra.get("container") or "app"
+        container = env.container_name or extra.get("container") or "app"
         env_text = (
             "Environment. The Docker environment is already up and running — you do not need to pull images or "
             f"start containers. You work inside the container {container}, with {ws} as the working directory "

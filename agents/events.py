@@ -379,7 +379,7 @@ class CLIAgent(Agent):
     def _host_dir(self, env: Environment, run_id: str) -> Path:
         if self.artefacts_dir is not None:
             root = self.artefacts_dir
-        elif getattr(env, "state_dir", None) is not None:
+        elif env.state_dir is not None:
             root = Path(env.state_dir) / "agents"
         else:
             root = Path(tempfile.mkdtemp(prefix="saasbench-agent-"))

@@ -35,7 +35,7 @@ class OracleAgent(Agent):
 
     def run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:
         traj = self.new_trajectory()
-        task = getattr(env, "task", None)
+        task = env.task
         if task is None:
             return traj.finish("agent_error", "the oracle needs env.task (an environment created for a task)")
         ref = task.spec.reference

@@ -17,7 +17,7 @@ root, overlay2 else vfs, no iptables, stopped by its PID at the end) or on the h
 3. **Trials.** One cold and ``--warm`` (default 3) warm ``env up`` of the ``timetrack`` task with
    that spec, each a new :class:`~saasbench.environments.docker.DockerEnvironment`: ``start()`` (ensure,
    network, container create/start, shell probe, host proxy), the ``oracle`` agent (copies the
-   reference into the workspace, runs ``reference.install``), :func:`~saasbench.environments.local.start_app`
+   reference into the workspace, runs ``reference.install``), :func:`~saasbench.environments.base.start_app`
    (``bash run.sh`` as a service, then the health wait on ``/api/health``), one ``GET`` of the
    health URL, and ``stop()`` (teardown). ``ImageCache.ensure`` is wrapped to time it, and
    ``builds.jsonl`` is counted before and after each trial: every warm trial must add **0** builds
@@ -187,8 +187,8 @@ def trial(client: Any, task: Any, spec: EnvSpec, cache_dir: Path, timer: EnsureT
 
     from saasbench.agents import build_prompt, get_agent
     from saasbench.agents.base import Budget
+    from saasbench.environments.base import start_app
     from saasbench.environments.docker import DockerEnvironment
-    from saasbench.environments.local import start_app
 
     cache = ImageCache(client, cache_dir=cache_dir)
     builds_before = len(cache.builds())

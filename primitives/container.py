@@ -2,7 +2,7 @@
 
 Both act through an exec target (``ctx.target.exec_target``, ``saasbench evaluate --exec
 local:DIR|docker:CONTAINER``, see :mod:`saasbench.environments.exec_target`) or else the trial's Environment
-backend (``ctx.target.environment``, see :mod:`saasbench.environments.local`): P12 runs a shell command
+backend (``ctx.target.environment``, see :mod:`saasbench.environments.base`): P12 runs a shell command
 where the app runs (the app container, the local workspace, or the --exec target), P21 reads a
 log. Every command gets ``ctx.target.exec_env``. With neither, the step raises
 :class:`~saasbench.environments.exec_target.NoExecTarget` and the node is ERROR with a message naming ``--exec``.
@@ -139,7 +139,7 @@ def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
     evidence: dict[str, Any] = {
         "command": command,
         "container": inputs.container,
-        "backend": getattr(env, "kind", None),
+        "backend": env.kind,  # an exec target's or an environment's label
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "truncated": result.truncated,
@@ -236,6 +236,8 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     P21 is registered once, in primitives/websocket.py, whose inputs extend these with the
     WebSocket dialect (``url``); without a ``url`` it calls this function.
     """
+    from saasbench.environments.exec_target import ExecTarget
+
     env = _environment(ctx, "P21")
     source = "file"
     text: str | None = None
@@ -244,8 +246,8 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
         source = "service"
     except KeyError:
         pass
-    if text is None and not callable(getattr(env, "read_file", None)):  # an exec target: tail where commands run
-        from saasbench.environments.local import EnvError
+    if text is None and isinstance(env, ExecTarget):  # no workspace files: tail where its commands run
+        from saasbench.environments.base import EnvError
 
         source = "exec"
         try:
@@ -265,7 +267,7 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
                 evidence={"log_path": inputs.log_path, "source": source},
             )
     if text is None:
-        from saasbench.environments.local import EnvError, PathEscape
+        from saasbench.environments.base import EnvError, PathEscape
 
         try:
             raw = env.read_file(inputs.log_path)

@@ -58,8 +58,10 @@ def workspace_for(ctx: RunContext) -> Workspace | str:
     An environment backend, when there is one, is asked first: it knows where its workspace
     lives on this host (a Docker container's /app is a bind-mounted host folder).
     """
+    from saasbench.environments.base import Environment
+
     env = ctx.target.environment
-    if env is not None and callable(getattr(env, "workspace", None)):
+    if isinstance(env, Environment):
         ws = env.workspace()
         if ws is not None:
             return ws

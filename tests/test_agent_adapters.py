@@ -424,6 +424,7 @@ class _RemoteLikeEnvironment(LocalEnvironment):
     """A local environment that claims not to be local: run() must go through exec only (as in a container)."""
 
     kind = "remote-like"
+    runs_on_host = False
 
 
 def test_run_in_a_non_local_environment_goes_through_exec(tmp_path: Path) -> None:

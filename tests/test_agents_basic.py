@@ -16,7 +16,8 @@ from saasbench.agents import (
     get_agent,
     list_agents,
 )
-from saasbench.environments.local import LocalEnvironment, pid_alive, start_app
+from saasbench.environments.base import pid_alive, start_app
+from saasbench.environments.local import LocalEnvironment
 
 
 class EchoAgent(Agent):  # a custom agent, loaded by import path

@@ -9,6 +9,7 @@ which setuptools maps from top-level folders, so the rule is checked here with `
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,3 +164,27 @@ def test_backend_names_come_from_the_registry() -> None:
         from saasbench import environments
 
         environments._BACKENDS.pop("podman")
+
+
+# Callers ask an environment the member that answers their question (saasbench/environments/base.py:
+# runs_on_host, gateway_ip, container_name, ...), never its kind: a new backend then only overrides members.
+_ASKS_KIND = re.compile(r"\b(?:env|environment)\.kind\s*(?:==|!=|\bin\b|\bnot in\b)|getattr\((?:env|environment),")
+# not yet converted (each should become `env.runs_on_host`): build_prompt's wording for a container,
+# and the CLI agents' run folder and put_file in agents/events.py (being restructured separately)
+_ASKS_KIND_PENDING = {"agents/base.py": 2, "agents/events.py": 2}
+
+
+def test_callers_ask_the_environment_interface_not_its_kind() -> None:
+    found: dict[str, list[str]] = {}
+    for base in ("saasbench", "primitives", "agents", "flows", "bench"):
+        for path in sorted((REPO / base).rglob("*.py")):
+            if any(p.is_symlink() for p in [path, *path.parents] if REPO in p.parents):
+                continue
+            rel = path.relative_to(REPO).as_posix()
+            if rel == "saasbench/environments/base.py":  # the interface: its conformance suite reads members by name
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if _ASKS_KIND.search(line):
+                    found.setdefault(rel, []).append(f"{rel}:{number}: {line.strip()}")
+    over = [hit for rel, hits in found.items() if len(hits) > _ASKS_KIND_PENDING.get(rel, 0) for hit in hits]
+    assert over == [], "ask a declared Environment member instead:\n" + "\n".join(over)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from saasbench.catalog.envspec import EnvSpec, ServiceSpec, SpecError, import_compose
+from saasbench.environments.base import ServiceError, self_check, self_check_backend
 from saasbench.environments.docker import (
     L_CREATED,
     L_HOST,
@@ -31,7 +32,6 @@ from saasbench.environments.docker import (
     prune,
 )
 from saasbench.environments.imagecache import BuildError, ImageCache
-from saasbench.environments.local import ServiceError, self_check
 
 
 def leftovers(client, trial: str) -> list[str]:
@@ -51,6 +51,10 @@ def test_self_check(docker_client, python_image):
     with env:
         assert env.workspace_path == "/app"
         assert self_check(env) == []
+        # the interface's answers for a container backend (the gateway, the receivers, the prompt, the CLI)
+        assert not env.runs_on_host and env.trial_id and env.state_dir is None
+        assert env.gateway_ip and env.receiver_bind_host == env.receiver_advertise_host == env.gateway_ip
+        assert "PATH" in env.base_env() and env.workspace_dir == env._ws
         # a command's background children die with it (the local backend's rule)
         r = env.exec("sleep 300 & echo started", timeout_s=10)
         assert r.ok and r.stdout == "started\n"
@@ -65,6 +69,21 @@ def test_self_check(docker_client, python_image):
         }
     assert leftovers(docker_client, trial) == []
     assert not env._ws.exists()
+
+
+def test_backend_conformance_from_creation_to_teardown(docker_client, python_image):
+    """self_check_backend: lifecycle (start, stop, use after stop) around self_check, on two fresh environments."""
+    made: list[DockerEnvironment] = []
+
+    def make() -> DockerEnvironment:
+        env = DockerEnvironment(
+            spec=EnvSpec(services={"app": ServiceSpec(image=python_image)}), client=docker_client, health_deadline_s=30
+        )
+        made.append(env)
+        return env
+
+    assert self_check_backend(make) == []
+    assert len(made) == 2 and all(leftovers(docker_client, e.trial_id) == [] for e in made)
 
 
 # --- compose import ------------------------------------------------------------------------------------
@@ -162,7 +181,7 @@ def test_two_service_stack_and_teardown(docker_client, busybox_image, tmp_path):
 
 def test_task_environment_and_start_app(docker_client, busybox_image, tmp_path):
     from saasbench.catalog.tasks import Task, TaskSpec
-    from saasbench.environments.local import start_app
+    from saasbench.environments.base import start_app
 
     (tmp_path / "environment").mkdir()
     (tmp_path / "environment" / "docker-compose.yml").write_text(

@@ -16,9 +16,8 @@ import pytest
 import yaml
 
 from saasbench.catalog.tasks import Task, load_task
-from saasbench.environments.local import (
+from saasbench.environments.base import (
     MAX_OUTPUT_BYTES,
-    LocalEnvironment,
     PathEscape,
     ServiceError,
     group_members,
@@ -26,6 +25,7 @@ from saasbench.environments.local import (
     self_check,
     start_app,
 )
+from saasbench.environments.local import LocalEnvironment
 
 APP_PY = r"""
 import json, os, sqlite3, sys

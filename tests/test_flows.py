@@ -15,6 +15,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
 from saasbench import lake as lakelib
+from saasbench.environments import base as environment_base
 from saasbench.environments import local as environment
 from saasbench.failures import AgentError
 from saasbench.flows.aggregate import artifact_key
@@ -72,7 +73,7 @@ def test_trial_flow_retries_env_error(tmp_path, monkeypatch):
     def flaky_start(self):
         calls.append(1)
         if len(calls) == 1:
-            raise environment.EnvError("database would not start")
+            raise environment_base.EnvError("database would not start")
         return real_start(self)
 
     monkeypatch.setattr(environment.LocalEnvironment, "start", flaky_start)
@@ -87,7 +88,7 @@ def test_trial_flow_env_error_exhausted(tmp_path, monkeypatch):
 
     def broken(self):
         calls.append(1)
-        raise environment.EnvError("no disk")
+        raise environment_base.EnvError("no disk")
 
     monkeypatch.setattr(environment.LocalEnvironment, "start", broken)
     spec = sweep_dict(tmp_path, "flow-envx", agents=["nop"])

@@ -283,7 +283,7 @@ def test_a_relay_on_another_address_reaches_the_gateway(gw, upstream) -> None:
     """A Docker trial's agent reaches the proxy through a relay on the trial network's gateway address;
     127.0.0.2 (another loopback address) stands in for it."""
     access = gw.for_trial("tt.codex.fake-chat.relay")
-    env = SimpleNamespace(kind="docker", gateway_ip="127.0.0.2")
+    env = SimpleNamespace(kind="docker", runs_on_host=False, gateway_ip="127.0.0.2", receiver_bind_host="127.0.0.2")
     upstream.llm.queue(Reply.text("via relay", usage={"prompt_tokens": 5, "completion_tokens": 2}))
     with access.open(env) as endpoint:
         assert endpoint.root_url.startswith("http://127.0.0.2:") and endpoint.api_key == access.api_key
@@ -298,7 +298,7 @@ def test_a_relay_on_another_address_reaches_the_gateway(gw, upstream) -> None:
     (c,) = access.calls()
     assert c.status == "success" and c.prompt_tokens == 5
     with pytest.raises(G.GatewayError, match="gateway_ip"):
-        access.open(SimpleNamespace(kind="docker", gateway_ip=None))
+        access.open(SimpleNamespace(kind="docker", runs_on_host=False, gateway_ip=None, receiver_bind_host=None))
 
 
 # --- agents ----------------------------------------------------------------------------------------------------
@@ -397,6 +397,7 @@ class _ContainerLikeEnvironment(LocalEnvironment):
     """A local environment that claims to be a container on a trial network whose host side is 127.0.0.2."""
 
     kind = "container-like"
+    runs_on_host = False
     gateway_ip = "127.0.0.2"
 
 

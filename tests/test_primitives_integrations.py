@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from saasbench.dag import load_dag_data
-from saasbench.environments.local import ExecResult
+from saasbench.environments.base import ExecResult
 from saasbench.evaluation.context import RunContext, Target
 from saasbench.evaluation.engine import Engine
 from saasbench.evaluation.results import Status, StepResult

@@ -58,13 +58,13 @@ def files_under(folder: Path) -> list[str]:
 @pytest.fixture
 def no_evaluation(monkeypatch):
     """Fail the test if anything starts the app or runs the engine."""
-    import saasbench.environments.local
+    import saasbench.environments.base
     import saasbench.evaluation.engine
 
     def boom(*a, **k):
         raise AssertionError("a rollout must not start the app or evaluate")
 
-    monkeypatch.setattr(saasbench.environments.local, "start_app", boom)
+    monkeypatch.setattr(saasbench.environments.base, "start_app", boom)
     monkeypatch.setattr(saasbench.evaluation.engine.Engine, "run", boom)
 
 

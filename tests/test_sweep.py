@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from saasbench import lake as lakelib
+from saasbench.environments import base as environment_base
 from saasbench.environments import local as environment
 from saasbench.failures import (
     AgentError,
@@ -163,7 +164,7 @@ def test_env_failure_is_retried(tmp_path, monkeypatch, count_runs):
     def flaky_start(self):
         if not failures:
             failures.append(1)
-            raise environment.EnvError("database would not start")
+            raise environment_base.EnvError("database would not start")
         return real_start(self)
 
     monkeypatch.setattr(environment.LocalEnvironment, "start", flaky_start)
@@ -175,14 +176,16 @@ def test_env_failure_is_retried(tmp_path, monkeypatch, count_runs):
     with pytest.raises(EnvError) as info:
         sw.run_trial(sw.plan(spec)[0], spec)
     # one EnvError (saasbench.failures): the environment's own error reaches the retry policy unchanged
-    assert info.value.retryable and environment.EnvError is EnvError and "database would not start" in str(info.value)
+    assert (
+        info.value.retryable and environment_base.EnvError is EnvError and "database would not start" in str(info.value)
+    )
 
 
 def test_env_failure_exhausted_is_recorded(tmp_path, monkeypatch):
     spec = spec_for(tmp_path, "s-envx", agents=["nop"], retries=1)
 
     def broken(self):
-        raise environment.EnvError("no disk")
+        raise environment_base.EnvError("no disk")
 
     monkeypatch.setattr(environment.LocalEnvironment, "start", broken)
     assert sw.run_sweep_plain(spec, sleep=lambda s: None) == {"timetrack.nop.none.0": "env_error"}

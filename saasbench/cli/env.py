@@ -24,15 +24,15 @@ env_app = typer.Typer(
 
 
 def _client():
-    import docker
+    """A Docker client for the Docker-only commands (exec, down, prune, images); exit 2 without an engine."""
+    from saasbench.environments.docker import connect_engine
+    from saasbench.failures import EnvError
 
     try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any connection failure means: no engine
-        typer.echo(f"error: no Docker engine reachable ({type(exc).__name__}: {exc}); set DOCKER_HOST", err=True)
+        return connect_engine()
+    except EnvError as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    return client
 
 
 @env_app.command("up")
@@ -53,15 +53,17 @@ def env_up(
     from saasbench.agents import build_prompt, get_agent
     from saasbench.agents.base import Budget
     from saasbench.catalog.tasks import load_task
-    from saasbench.environments.local import start_app
+    from saasbench.environments import connect_backend
+    from saasbench.environments.base import start_app
+    from saasbench.failures import EnvError
     from saasbench.runs.trial import make_environment
 
     console = Console()
     spec = load_task(task)
-    client = _client() if backend == "docker" else None
     try:
-        env = make_environment(spec, backend, keep_workspace=True, docker_client=client)
-    except ValueError as exc:
+        options = connect_backend(backend)  # the backend's engine answers (Docker: one checked client)
+        env = make_environment(spec, backend, keep_workspace=True, **options)
+    except (ValueError, EnvError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     stop = threading.Event()
@@ -71,7 +73,7 @@ def env_up(
         a.install(env)
         a.run(build_prompt(spec, env), env, Budget(wall_s=spec.spec.timeouts.agent_s))
         console.print(f"task [bold]{spec.id}[/] on {backend}; workspace {escape(str(env.workspace_dir))}")
-        if backend == "docker":
+        if env.trial_id is not None:  # reachable from another terminal
             console.print(
                 f"trial id [bold]{env.trial_id}[/]  (saasbench env exec {env.trial_id} 'ls'; saasbench env down {env.trial_id})"
             )

@@ -275,7 +275,7 @@ def rollout_cmd(
     except FileExistsError as exc:
         raise _fail(str(exc)) from None
     except Exception as exc:  # environment or agent install failure: report, exit 2 (anything else is a bug: raise)
-        from saasbench.environments.local import EnvError
+        from saasbench.environments.base import EnvError
         from saasbench.failures import HarnessError
 
         if isinstance(exc, (HarnessError, EnvError, OSError, RuntimeError)):  # RuntimeError: AgentInstallError

@@ -1,6 +1,6 @@
 """The Docker backend: one trial's services as containers on a private network (docker SDK only).
 
-:class:`DockerEnvironment` implements :class:`~saasbench.environments.local.Environment` for an
+:class:`DockerEnvironment` implements :class:`~saasbench.environments.base.Environment` for an
 :class:`~saasbench.catalog.envspec.EnvSpec` (from a task's compose file or built by hand):
 
 - **Isolation.** One bridge network per trial (``saasbench-<trial>``); services reach each other by
@@ -13,7 +13,7 @@
 - **Start.** Services start in dependency order (``depends_on`` conditions ``service_started``,
   ``service_healthy``, ``service_completed_successfully``). A service with a healthcheck is probed
   by exec (every ``min(interval, 1 s)``, each probe bounded by its timeout) until it passes or the
-  deadline passes; then :class:`~saasbench.environments.local.ServiceError` carries its last log lines.
+  deadline passes; then :class:`~saasbench.environments.base.ServiceError` carries its last log lines.
   A failed start removes everything it created before raising.
 - **Labels.** Every container, network and volume carries ``saasbench.runs.trial``, ``saasbench.task``,
   ``saasbench.created`` (UTC ISO time) and the owner (``saasbench.host``, ``saasbench.pid``,
@@ -66,7 +66,7 @@ from saasbench.catalog.envspec import (  # noqa: F401 - re-exported
     import_compose,
     read_env_file,
 )
-from saasbench.environments.local import (
+from saasbench.environments.base import (
     LOG_TAIL_ON_ERROR,
     MAX_OUTPUT_BYTES,
     TIMEOUT_EXIT_CODE,
@@ -87,7 +87,15 @@ if TYPE_CHECKING:
 
     from saasbench.catalog.tasks import Task
 
-__all__ = ["DEFAULT_IMAGE", "LABEL_PREFIX", "DockerEnvironment", "env_spec_for_task", "list_trials", "prune"]
+__all__ = [
+    "DEFAULT_IMAGE",
+    "LABEL_PREFIX",
+    "DockerEnvironment",
+    "connect_engine",
+    "env_spec_for_task",
+    "list_trials",
+    "prune",
+]
 
 LABEL_PREFIX = "saasbench."
 L_TRIAL, L_TASK, L_CREATED = "saasbench.trial", "saasbench.task", "saasbench.created"
@@ -106,6 +114,19 @@ _EXEC_WRAPPER = (
     '"$1" -c "$2"; rc=$?; set -- "SAASBENCH_EXEC=$SAASBENCH_EXEC"; '
     "command -v grep >/dev/null 2>&1 && { " + _KILL_MARKED + "; }; exit $rc"
 )
+
+
+def connect_engine() -> docker.DockerClient:
+    """A client of the Docker engine (``DOCKER_HOST``, else the default socket) that answered a ping;
+    EnvError saying what to set when none answers (the registry's ``connect`` for this backend)."""
+    import docker as docker_sdk
+
+    try:
+        client = docker_sdk.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means: no engine
+        raise EnvError(f"no Docker engine reachable ({type(exc).__name__}: {exc}); set DOCKER_HOST") from None
+    return client
 
 
 def _now_iso() -> str:
@@ -332,6 +353,7 @@ class DockerEnvironment(HostFolderFiles, Environment):
     """
 
     kind = "docker"
+    trial_id: str  # always set: the label that finds this trial's containers, network and volumes
 
     def __init__(
         self,
@@ -694,15 +716,8 @@ class DockerEnvironment(HostFolderFiles, Environment):
             return None
         return None
 
-    # Webhook receivers and SMTP sinks of a run bind the gateway, so the app container can call
-    # them (saasbench.services.receivers.receiver_hosts reads these two attributes).
-    @property
-    def receiver_bind_host(self) -> str | None:
-        return self.gateway_ip
-
-    @property
-    def receiver_advertise_host(self) -> str | None:
-        return self.gateway_ip
+    # Webhook receivers and SMTP sinks of a run bind the gateway, so the app container can call them:
+    # Environment.receiver_bind_host / receiver_advertise_host default to gateway_ip.
 
     @property
     def workspace_dir(self) -> Path:
@@ -751,6 +766,17 @@ class DockerEnvironment(HostFolderFiles, Environment):
             out["DATABASE_URL"] = f"sqlite:///{path}"
         return out
 
+    def base_env(self) -> dict[str, str]:
+        """The app container's own environment (its image's and the spec's variables); {} before it runs."""
+        out: dict[str, str] = {}
+        try:
+            for item in (self.container().attrs.get("Config") or {}).get("Env") or []:
+                key, _, value = item.partition("=")
+                out[key] = value
+        except Exception:  # noqa: BLE001 - no container yet: nothing inherited
+            pass
+        return out
+
     def _sqlite_rel(self) -> str | None:
         db = self.task.spec.database if self.task is not None else None
         if db is None or db.engine.lower() not in ("sqlite", "sqlite3"):
@@ -761,14 +787,15 @@ class DockerEnvironment(HostFolderFiles, Environment):
     def db_dsn(self) -> str | None:
         """SQLite: the file in the host workspace. A server engine: the ``db`` service (or
         ``environment.db_service``) at its address on the trial network, with the task's credentials."""
-        db = self.task.spec.database if self.task is not None else None
-        if db is None:
+        task = self.task
+        db = task.spec.database if task is not None else None
+        if task is None or db is None:
             return None
         rel = self._sqlite_rel()
         if rel is not None:
             return f"sqlite:///{self._require() / rel}"
         engine = db.engine.lower()
-        service = str((self.task.spec.environment or {}).get("db_service") or "db")
+        service = str((task.spec.environment or {}).get("db_service") or "db")
         if service not in self._containers:
             return None
         default_port = {"postgresql": 5432, "postgres": 5432, "mysql": 3306, "mariadb": 3306, "mongodb": 27017}.get(

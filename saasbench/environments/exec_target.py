@@ -1,7 +1,7 @@
 """Exec targets: where P12 (container_exec) and P21 (log_content_check) run commands when
 saasbench did not start the app.
 
-Why this module: a trial owns an :class:`~saasbench.environments.local.Environment` (local workspace or
+Why this module: a trial owns an :class:`~saasbench.environments.base.Environment` (local workspace or
 Docker containers) and P12/P21 run through it. ``saasbench evaluate`` scores an app someone else
 started, so it has no environment; before this module every P12/P21 node of such a run was a
 FAILED node that said nothing about the app. ``--exec`` names the place instead:
@@ -40,9 +40,13 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from saasbench.environments.local import PASSTHROUGH_ENV, EnvError, ExecResult, run_group
+from saasbench.environments.base import EnvError, ExecResult
+from saasbench.environments.local import host_env, is_secret_name, run_group
+
+if TYPE_CHECKING:
+    from saasbench.environments.base import Environment
 
 __all__ = [
     "DockerExecTarget",
@@ -61,7 +65,6 @@ __all__ = [
 ]
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE")
 NO_EXEC_TARGET = "{code} needs an exec target: pass --exec local:DIR or --exec docker:CONTAINER"
 
 
@@ -73,20 +76,9 @@ class ExecTargetError(ValueError):
     """An ``--exec`` spec or exec-env input cannot be used (the run cannot start)."""
 
 
-def is_secret_name(name: str) -> bool:
-    """Whether a variable name looks like it holds a secret (API keys, tokens, passwords)."""
-    upper = name.upper()
-    return any(word in upper for word in _SECRET_WORDS)
-
-
-def host_env() -> dict[str, str]:
-    """The host variables a local command inherits: the allowlist, minus secret-looking names."""
-    return {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ and not is_secret_name(k)}
-
-
 # --- the targets -------------------------------------------------------------------------------------
 class ExecTarget(ABC):
-    """Where commands run; the ``exec`` half of :class:`~saasbench.environments.local.Environment`."""
+    """Where commands run; the ``exec`` half of :class:`~saasbench.environments.base.Environment`."""
 
     kind = "exec"
 
@@ -376,22 +368,14 @@ def parse_env_options(items: list[str]) -> dict[str, str]:
 
 
 # --- a task's declared variables (trials) ------------------------------------------------------------
-def environment_base_env(env: Any) -> dict[str, str]:
+def environment_base_env(env: Environment | None) -> dict[str, str]:
     """What ``$VAR`` in a task's exec_env_file expands against in a trial: the variables the
-    environment's commands see (the host allowlist for the local backend, the app container's own
-    environment for Docker) plus the environment's service variables (PORT, DATABASE_PATH, ...)."""
-    base: dict[str, str] = {}
+    environment's commands inherit (:meth:`Environment.base_env`: the host allowlist for the local
+    backend, the app container's own environment for Docker) plus the environment's service
+    variables (PORT, DATABASE_PATH, ...)."""
     if env is None:
-        return base
-    if getattr(env, "kind", None) == "local":
-        base = host_env()
-    elif callable(getattr(env, "container", None)):
-        try:
-            for item in (env.container().attrs.get("Config") or {}).get("Env") or []:
-                key, _, value = item.partition("=")
-                base[key] = value
-        except Exception:  # noqa: BLE001 - no container yet: expand against the service variables only
-            pass
+        return {}
+    base = dict(env.base_env())
     try:
         base.update(env.service_env())
     except Exception:  # noqa: BLE001 - an environment not started
@@ -399,7 +383,7 @@ def environment_base_env(env: Any) -> dict[str, str]:
     return base
 
 
-def task_exec_env(task: Any, env: Any = None) -> dict[str, str]:
+def task_exec_env(task: Any, env: Environment | None = None) -> dict[str, str]:
     """A task's declared exec variables for a trial: ``exec_env_file`` (parsed against
     :func:`environment_base_env`) overlaid with ``exec_env``. A bad file raises TaskDefect."""
     from saasbench.failures import TaskDefect

@@ -38,10 +38,11 @@ refuses to start when that patch cannot be installed (a litellm upgrade that mov
 internals), rather than silently retrying on litellm's schedule. A retry happens before any byte
 of the answer reached the agent; a stream that breaks after it started is not retried.
 
-Reachability from containers. The proxy binds ``config.host`` (127.0.0.1). An agent in a Docker
-trial cannot reach the host's loopback: :meth:`TrialGateway.open` then starts a small TCP relay
-on the trial network's gateway address (``env.gateway_ip``, the host side of the trial's bridge)
-to the proxy, for the duration of the rollout, and gives the agent that URL. Alternatively set
+Reachability from containers. The proxy binds ``config.host`` (127.0.0.1). An agent whose commands
+do not run on this host (``Environment.runs_on_host`` false: a Docker trial) cannot reach the host's
+loopback: :meth:`TrialGateway.open` then starts a small TCP relay on the host's address as the
+trial's containers reach it (``Environment.gateway_ip``, the host side of the trial's bridge) to
+the proxy, for the duration of the rollout, and gives the agent that URL. Alternatively set
 ``host`` to an address containers can reach (e.g. the default bridge's ``172.17.0.1``; ``0.0.0.0``
 exposes it on every interface: every request still needs a valid key) and ``advertise_host`` to
 the address agents should use.
@@ -83,6 +84,7 @@ from saasbench.services.net import pump
 
 if TYPE_CHECKING:
     from saasbench.agents.base import Agent
+    from saasbench.environments.base import Environment
 
 __all__ = [
     "DEFAULT_BACKOFF_MAX_S",
@@ -431,16 +433,17 @@ class TrialGateway:
         """The gateway as seen from the host (the built-in agent calls from the harness process)."""
         return self.gateway.url + "/v1"
 
-    def open(self, env: Any = None) -> GatewayEndpoint:
-        """The endpoint for an agent running in ``env``: the proxy's own URL for local environments
-        (or ``advertise_host``), else a relay on the trial network's gateway address. Close it after
-        the rollout (it is a context manager)."""
+    def open(self, env: Environment | None = None) -> GatewayEndpoint:
+        """The endpoint for an agent running in ``env``: the proxy's own URL when the agent runs on this
+        host (:attr:`Environment.runs_on_host`) or with ``advertise_host``, else a relay on the host's
+        address as the environment's containers reach it (:attr:`Environment.gateway_ip`). Close it
+        after the rollout (it is a context manager)."""
         gw = self.gateway
-        if env is None or getattr(env, "kind", "local") == "local":
+        if env is None or env.runs_on_host:
             return GatewayEndpoint(gw.advertised_url, self.api_key)
         if gw.config.advertise_host:
             return GatewayEndpoint(gw.advertised_url, self.api_key)
-        host = getattr(env, "gateway_ip", None) or getattr(env, "receiver_bind_host", None)
+        host = env.gateway_ip or env.receiver_bind_host
         if not host:
             raise GatewayError(
                 f"environment {env!r} has no host-side address (gateway_ip) for the model gateway relay; "

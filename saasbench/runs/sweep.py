@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -33,9 +33,16 @@ from saasbench.runs.trial import run_local_trial
 from saasbench.services import limits
 from saasbench.services.judge import JudgeConfig
 
+if TYPE_CHECKING:
+    from saasbench.agents.base import Agent
+
 log = logging.getLogger(__name__)
 
 DEFAULT_RETRY_DELAYS: list[float] = [10.0, 60.0]
+
+
+def _no_model() -> list[str | None]:
+    return [None]  # one run per agent with its default model
 
 
 class SweepSpec(BaseModel):
@@ -47,7 +54,7 @@ class SweepSpec(BaseModel):
     name: str | None = None
     tasks: list[str] = Field(min_length=1)
     agents: list[str] = Field(min_length=1)
-    models: list[str | None] = Field(default_factory=lambda: [None])
+    models: list[str | None] = Field(default_factory=_no_model)
     attempts: int = Field(1, ge=1)
     backend: str = Field("local", description="an environment backend (saasbench.environments.backend_names())")
     judge_model: str | None = Field(None, description="shorthand for judge: {model: ...}")
@@ -101,7 +108,7 @@ class SweepSpec(BaseModel):
     def _judge(self) -> SweepSpec:
         if self.judge_model and self.judge is None:
             self.judge = JudgeConfig(model=self.judge_model)
-        elif self.judge_model and self.judge.model != self.judge_model:
+        elif self.judge_model and self.judge is not None and self.judge.model != self.judge_model:
             raise ValueError(f"judge_model {self.judge_model!r} and judge.model {self.judge.model!r} differ")
         return self
 
@@ -236,9 +243,7 @@ def _load_task(name: str):
 
 def _is_env_failure(exc: BaseException) -> bool:
     """Exceptions that mean the environment (not the agent, not the task) failed."""
-    from saasbench.environments import local as environment
-
-    if isinstance(exc, (environment.EnvError, OSError, TimeoutError)):
+    if isinstance(exc, (EnvError, OSError, TimeoutError)):  # the one EnvError (saasbench.failures)
         return True
     mod = type(exc).__module__ or ""
     return mod.startswith(("docker.", "requests.", "urllib3."))
@@ -270,7 +275,8 @@ def run_trial(
         task = _load_task(trial.task)
         try:
             limits.configure_from_spec(spec)
-            agent, access = trial.agent, None
+            agent: str | Agent = trial.agent
+            access = None
             if gateway is not None:  # the agent reaches models through the sweep's gateway with this trial's key
                 from saasbench.runs.trial import resolve_agent
 

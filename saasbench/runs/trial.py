@@ -35,12 +35,15 @@ import inspect
 import json
 import os
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saasbench.evaluation.results import NodeResult, RunReport
+
+if TYPE_CHECKING:
+    from saasbench.environments.base import Environment
 
 READ_BACK_LIMIT = 4 * 1024 * 1024  # bytes of a workspace file the anti-cheat scan reads back
 
@@ -78,7 +81,7 @@ class RolloutResult:
 class TrialResult:
     agent: str
     report: RunReport
-    trajectory: object  # agents.base.Trajectory
+    trajectory: Any  # agents.base.Trajectory
     app_ok: bool
     app_error: str | None
     app_log_tail: str
@@ -124,12 +127,19 @@ def make_environment(
     keep_workspace: bool = False,
     docker_client=None,
     workspace_root: str | Path | None = None,
-):
-    """A fresh environment of the chosen backend for one trial (``workspace_root``: use that folder, kept)."""
+    **options: Any,
+) -> Environment:
+    """A fresh environment of the chosen backend for one trial (``workspace_root``: use that folder, kept;
+    ``options``: the backend's own, e.g. from :func:`saasbench.environments.connect_backend`)."""
     from saasbench.environments import create_environment
 
     return create_environment(
-        backend, task, keep_workspace=keep_workspace, workspace_root=workspace_root, docker_client=docker_client
+        backend,
+        task,
+        keep_workspace=keep_workspace,
+        workspace_root=workspace_root,
+        docker_client=docker_client,
+        **options,
     )
 
 
@@ -154,6 +164,7 @@ def resolve_agent(agent, model: str | None = None):
     if model is None:
         return get_agent(agent)
     probe = get_agent(agent)
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(type(probe)).parameters
     except (TypeError, ValueError):
@@ -190,10 +201,11 @@ def _hash_targets(env, targets: list[tuple[str, str, str]]) -> dict[tuple[str, s
     return {key: hash_paths(paths, root=env.workspace_dir) for key, paths in groups.items()}
 
 
-def _forbidden_paths(task, env) -> list[str]:
-    """The task folder as the agent could name it on the local backend, unless the workspace lives inside it.
-    (A container backend mounts only the workspace: the host path does not exist where the agent runs.)"""
-    if getattr(env, "kind", "local") != "local":
+def _forbidden_paths(task, env: Environment) -> list[str]:
+    """The task folder as the agent could name it when its commands run on this host (local backend), unless
+    the workspace lives inside it. (A container backend mounts only the workspace: the host path does not
+    exist where the agent runs.)"""
+    if not env.runs_on_host:
         return []
     root = Path(task.root)
     paths = list(dict.fromkeys([str(root), os.path.realpath(root)]))
@@ -212,7 +224,7 @@ def _reader(env) -> Callable[[str], str | None]:
 
 
 def rollout_in(
-    env,
+    env: Environment,
     task,
     agent,
     budget,
@@ -252,7 +264,7 @@ def rollout_in(
         trajectory=trajectory,
         outcome=outcome,
         budget=budget,
-        backend=backend or getattr(env, "kind", "local"),
+        backend=backend or env.kind,
         workspace=str(env.workspace_dir),
         cheat_findings=[dataclasses.asdict(f) for f in cheat],
         integrity_findings=[dataclasses.asdict(f) for f in integrity],
@@ -276,8 +288,8 @@ def evaluate_in(
     """The evaluation part of a trial: start the app (deployment contract), run the DAG. Returns
     (report, app). ``judge``: a :class:`saasbench.services.judge.Judge` for llm-judge nodes (None: they are
     SKIPPED_LLM); its ``calls`` hold every vote afterwards."""
+    from saasbench.environments.base import start_app
     from saasbench.environments.exec_target import task_exec_env
-    from saasbench.environments.local import start_app
     from saasbench.evaluation.context import RunOptions, Target
     from saasbench.evaluation.evaluate import evaluate
 

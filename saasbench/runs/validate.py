@@ -1,7 +1,7 @@
 """Reference validation: does a task's DAG pass, reliably, on the task's reference implementation?
 
 For each repeat: a fresh :class:`~saasbench.environments.local.LocalEnvironment`, the ``oracle`` agent
-installs the reference, :func:`~saasbench.environments.local.start_app` starts it, the task's DAG is
+installs the reference, :func:`~saasbench.environments.base.start_app` starts it, the task's DAG is
 evaluated against it, the environment is stopped. Per node across repeats:
 
 - ``pass``: PASSED in every counted repeat;
@@ -29,8 +29,10 @@ from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from saasbench.catalog.tasks import Task
+    from saasbench.evaluation.results import NodeResult
 
 Verdict = Literal["pass", "flaky", "always_failing", "skipped_llm"]
+FlakyCause = Literal["own", "prerequisite"]
 
 
 class RepeatRecord(BaseModel):
@@ -57,7 +59,7 @@ class NodeValidation(BaseModel):
     counted: int = Field(description="Repeats not SKIPPED_LLM")
     pass_rate: float | None
     verdict: Verdict
-    flaky_cause: Literal["own", "prerequisite"] | None = None
+    flaky_cause: FlakyCause | None = None
     last_message: str = ""
 
 
@@ -81,7 +83,7 @@ class ValidationReport(BaseModel):
 Progress = Callable[[int, str], None]
 
 
-def _classify(statuses: list[str]) -> tuple[int, int, Verdict, str | None]:
+def _classify(statuses: list[str]) -> tuple[int, int, Verdict, FlakyCause | None]:
     counted = [s for s in statuses if s != "SKIPPED_LLM"]
     passed = sum(1 for s in counted if s == "PASSED")
     if not counted:
@@ -131,13 +133,14 @@ def validate_reference(
     messages: dict[str, str] = {}
     for i in range(1, repeats + 1):
         t0 = time.perf_counter()
-        trial = run_local_trial(
-            task,
-            "oracle",
-            keep_workspace=keep_workspaces,
-            on_node=lambda r, i=i: say(i, f"{r.id} {r.status.value}"),
-            say=lambda m, i=i: say(i, f"repeat {i}/{repeats}: {m}"),
-        )
+
+        def on_node(r: NodeResult, i: int = i) -> None:
+            say(i, f"{r.id} {r.status.value}")
+
+        def say_repeat(m: str, i: int = i) -> None:
+            say(i, f"repeat {i}/{repeats}: {m}")
+
+        trial = run_local_trial(task, "oracle", keep_workspace=keep_workspaces, on_node=on_node, say=say_repeat)
         report, traj, workspace = trial.report, trial.trajectory, trial.workspace
         app = trial
         rep_dir = out_dir / f"repeat-{i}"

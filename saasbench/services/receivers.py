@@ -32,7 +32,8 @@ often ``172.17.0.1``) or ``0.0.0.0`` and *advertise* the address the container u
 (the gateway IP, or ``host.docker.internal`` when the container maps it with
 ``--add-host=host.docker.internal:host-gateway``). :func:`receiver_hosts` picks them, first hit
 wins: run variables ``receiver_bind_host`` / ``receiver_advertise_host`` (task config), the
-environment backend's attributes of the same names, the process environment
+environment's members of the same names (``Environment.receiver_bind_host``, by default its
+``gateway_ip``), the process environment
 ``SAASBENCH_RECEIVER_BIND_HOST`` / ``SAASBENCH_RECEIVER_ADVERTISE_HOST``, then ``127.0.0.1``.
 Binding ``0.0.0.0`` exposes the receiver on every interface; prefer the gateway address.
 
@@ -790,17 +791,22 @@ class SmtpSink(_Serving):
 # --- per-run instances ---------------------------------------------------------------------------
 def receiver_hosts(ctx: RunContext) -> tuple[str, str | None]:
     """(bind host, advertised host or None) for this run; see the module docstring for the order."""
-    env = getattr(ctx.target, "environment", None)
+    env = ctx.target.environment  # an Environment (saasbench.environments.base declares both members) or None
 
-    def pick(name: str, env_var: str) -> str | None:
-        for value in (ctx.vars.get(name), getattr(env, name, None), settings.get(env_var)):
+    def pick(name: str, declared: Callable[[Any], Any], env_var: str) -> str | None:
+        for get in (
+            lambda: ctx.vars.get(name),
+            lambda: declared(env) if env is not None else None,
+            lambda: settings.get(env_var),
+        ):
+            value = get()  # in order, only as far as needed (a Docker environment asks its engine)
             if isinstance(value, str) and value.strip():
                 return value.strip()
         return None
 
     return (
-        pick("receiver_bind_host", "SAASBENCH_RECEIVER_BIND_HOST") or DEFAULT_HOST,
-        pick("receiver_advertise_host", "SAASBENCH_RECEIVER_ADVERTISE_HOST"),
+        pick("receiver_bind_host", lambda e: e.receiver_bind_host, "SAASBENCH_RECEIVER_BIND_HOST") or DEFAULT_HOST,
+        pick("receiver_advertise_host", lambda e: e.receiver_advertise_host, "SAASBENCH_RECEIVER_ADVERTISE_HOST"),
     )
 
 
