@@ -265,7 +265,7 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
     stack = spec.stack if isinstance(spec.stack, str) else (json.dumps(spec.stack) if spec.stack else "")
     port = env.app_port
 
-    if env.kind == "local":
+    if env.runs_on_host:
         where = "environment"
         env_text = (
             f"Environment. You work on a prepared machine in the folder {ws} (the working directory, currently "
@@ -319,7 +319,7 @@ def build_prompt(task: Task, env: Environment, *, stage: bool = True) -> str:
     )
     lines += ["", todo]
     reqs = _as_list(extra.get("requirements"))
-    if env.kind != "local" and extra.get("container") and extra["container"] != container:
+    if not env.runs_on_host and extra.get("container") and extra["container"] != container:
         # requirements copied from a public prompt name the benchmark machine's container; this trial's is another
         reqs = [r.replace(str(extra["container"]), container) for r in reqs]
     if reqs:

@@ -399,7 +399,7 @@ class CLIAgent(Agent):
         run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + _secrets.token_hex(3)
         key = self.api_key or "sk-saasbench-" + _secrets.token_urlsafe(24)
         host_dir = self._host_dir(env, run_id)
-        local = env.kind == "local"
+        local = env.runs_on_host
         run_dir = str(host_dir) if local else f"/tmp/saasbench-agent/{self.name}-{run_id}"
         events_path, stderr_path = f"{run_dir}/{self.events_file}", f"{run_dir}/stderr.log"
         self.last_artefacts = {
@@ -567,7 +567,7 @@ class _Tail(threading.Thread):
 
 def put_file(env: Environment, path: str, text: str, mode: str | None = None) -> None:
     """Write ``text`` to an absolute path inside the environment (outside the workspace too)."""
-    if env.kind == "local":
+    if env.runs_on_host:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text, encoding="utf-8")

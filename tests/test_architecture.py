@@ -169,9 +169,7 @@ def test_backend_names_come_from_the_registry() -> None:
 # Callers ask an environment the member that answers their question (saasbench/environments/base.py:
 # runs_on_host, gateway_ip, container_name, ...), never its kind: a new backend then only overrides members.
 _ASKS_KIND = re.compile(r"\b(?:env|environment)\.kind\s*(?:==|!=|\bin\b|\bnot in\b)|getattr\((?:env|environment),")
-# not yet converted (each should become `env.runs_on_host`): build_prompt's wording for a container,
-# and the CLI agents' run folder and put_file in agents/events.py (being restructured separately)
-_ASKS_KIND_PENDING = {"agents/base.py": 2, "agents/events.py": 2}
+_ASKS_KIND_PENDING: dict[str, int] = {}  # none left
 
 
 def test_callers_ask_the_environment_interface_not_its_kind() -> None:

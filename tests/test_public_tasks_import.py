@@ -78,6 +78,7 @@ def test_users_and_db_credentials_reach_the_auth_profile_and_prompt(catalogue: P
 
     class DockerLike:  # the attributes build_prompt reads from an environment
         kind, workspace_path, app_port, container_name = "docker", "/app", 8020, "saasbench-t1-app"
+        runs_on_host = False
 
         def service_env(self) -> dict:
             return {}

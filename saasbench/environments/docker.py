@@ -705,6 +705,8 @@ class DockerEnvironment(HostFolderFiles, Environment):
     @property
     def gateway_ip(self) -> str | None:
         """The host's address on this trial's network: where containers reach host-side services."""
+        import docker.errors
+
         if self._network is None:
             return None
         try:
@@ -731,6 +733,12 @@ class DockerEnvironment(HostFolderFiles, Environment):
     @property
     def network(self) -> str | None:
         return self._network
+
+    @property
+    def container_name(self) -> str | None:
+        """The app container's real name (``saasbench-<trial>-app``): what the agent's ``docker exec`` needs."""
+        c = self._containers.get(self.app_name) if self._started else None
+        return c.name if c is not None else None
 
     def container(self, service: str | None = None) -> Any:
         """The docker SDK Container of a service (default: the app)."""
