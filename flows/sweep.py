@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.task_runners import ThreadPoolTaskRunner
@@ -31,6 +31,9 @@ from saasbench.flows.aggregate import aggregate_task, publish_artifacts
 from saasbench.flows.trial import record_failure_task, run_trial_task
 from saasbench.runs import sweep as core
 from saasbench.services import limits
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 MAX_WORKERS = int(settings.get("SAASBENCH_MAX_WORKERS") or "16")
 
@@ -67,7 +70,13 @@ def _run_name() -> str:
     return f"sweep {spec.get('sweep_id') if isinstance(spec, dict) else spec}"
 
 
-@flow(name="sweep", flow_run_name=_run_name, task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), log_prints=True)
+@flow(
+    name="sweep",
+    flow_run_name=_run_name,
+    # prefect's TaskRunner is invariant in its future type, so no runner matches the parameter (prefect casts its own)
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),  # type: ignore[arg-type]
+    log_prints=True,
+)
 def sweep_flow(
     spec: dict[str, Any] | str,
     concurrency: int | None = None,
@@ -162,13 +171,16 @@ def dispatch_deployments(
                 when = None
                 if crashes:
                     when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=sw.delay(crashes - 1))
-                run = run_deployment(
-                    trial_deployment,
-                    parameters=trial_parameters(trial, sw),
-                    scheduled_time=when,
-                    timeout=0,
-                    tags=["saasbench", f"sweep:{sw.sweep_id}"],
-                    idempotency_key=f"{parent}:{trial.trial_id}:{crashes}",
+                run = cast(  # called from sync code, prefect's async_dispatch returns the FlowRun itself
+                    "FlowRun",
+                    run_deployment(
+                        trial_deployment,
+                        parameters=trial_parameters(trial, sw),
+                        scheduled_time=when,
+                        timeout=0,
+                        tags=["saasbench", f"sweep:{sw.sweep_id}"],
+                        idempotency_key=f"{parent}:{trial.trial_id}:{crashes}",
+                    ),
                 )
                 logger.info(
                     "%s: flow run %s (%s)%s",

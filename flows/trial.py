@@ -17,7 +17,7 @@ from saasbench.failures import is_retryable
 from saasbench.runs import sweep as core
 from saasbench.services import limits
 
-RETRY_DELAYS = [10, 60]
+RETRY_DELAYS: list[float] = [10, 60]
 
 
 def retry_infra_only(task_obj: Any, task_run: Any, state: State) -> bool:

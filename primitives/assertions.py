@@ -446,7 +446,7 @@ def normalise_assertion(raw: dict[str, Any]) -> dict[str, Any]:
         a["pattern"] = a.pop("regex")
         note("assertion 'regex' -> pattern (op matches_regex)")
     _expected_key_op(a)
-    op_keys = [k for k in ("op", "operator", "match_type", "assertion") if k in a]
+    op_keys: list[str] = [k for k in ("op", "operator", "match_type", "assertion") if k in a]
     op_raw: Any = None
     if op_keys:
         values = {OPERATORS.get(str(a[k]).strip().lower(), str(a[k])) for k in op_keys}

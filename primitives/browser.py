@@ -234,7 +234,7 @@ def _credentials_identity(ctx: RunContext, inputs: PageInputs) -> tuple[Identity
 
 
 def _urls(ctx: RunContext, raw: list[str]) -> tuple[list[str], str | None]:
-    out = []
+    out: list[str] = []
     for item in raw:
         url = absolute_url(ctx, str(item))
         problem = check_url(ctx, url)
@@ -616,7 +616,7 @@ class P18Inputs(PageInputs):
             ):
                 step["action"] = "wait"  # "navigate" to the step's own url: opening it is the first thing P18 does
                 if not (step.get("selector") or step.get("selector_any_of")):
-                    step = None
+                    step = {}  # nothing left to do: no step
             data["steps"] = [*([step] if step else []), *(data.get("steps") or [])]
             note("single 'action'/'selector' -> steps[0]")
         elif "selector" in data or "selector_any_of" in data:
@@ -756,7 +756,7 @@ async def _run_step(
             await _settle_after(page, deadline)
         elif act == "screenshot":
             png, _ = await screenshot_png(page, full_page=True, deadline=deadline)
-            shots.append((step.name or getattr(inputs, "name", "shot"), png))
+            shots.append((step.name or str(getattr(inputs, "name", "shot")), png))
         else:
             locator = await _locate(page, step.selectors(), timeout)
             if act == "click":

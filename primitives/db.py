@@ -425,7 +425,7 @@ class Evaluator:
                     failures.append(f"{name}: expected {c.describe()}, got {_show(actual)}")
         return failures
 
-    def evaluate(self, exp: Expectation, assertions: list[Assertion], result: QueryResult) -> list[str]:
+    def evaluate(self, exp: Expectation, assertions: list[Assertion | PathAssertion], result: QueryResult) -> list[str]:
         rows = result.rows
         first = rows[0] if rows else None
         if not result.is_select:
@@ -1251,11 +1251,12 @@ def db_index_check(inputs: P11Inputs, ctx: RunContext) -> StepResult:
         return _fail(str(exc), engine=db.engine, table=inputs.table)
     except DatabaseError as exc:
         return _fail(f"{db.engine} error: {exc}", engine=db.engine)
-    found, missing = [], []
+    found: list[dict[str, Any]] = []
+    missing: list[dict[str, Any]] = []
     for spec in inputs.expected_indexes:
         hit = next((i for i in indexes if _index_matches(spec, i)), None)
         (found if hit else missing).append({"expected": _describe_spec(spec), "index": hit.name if hit else None})
-    value = {
+    value: dict[str, Any] = {
         "found": found,
         "missing": [m["expected"] for m in missing],
         "ratio": round(len(found) / len(inputs.expected_indexes), 4),

@@ -192,7 +192,7 @@ class P02Inputs(_PathInputs):
             note(
                 "no path -> source last_response (the raw text of the last HTTP response, as in the cvyocaao reference)"
             )
-        for key, mtype in (
+        for key, implied in (
             ("regex", "regex"),
             ("contains", "contains"),
             ("expected", "contains"),
@@ -200,7 +200,7 @@ class P02Inputs(_PathInputs):
         ):
             if key in data and "pattern" not in data and isinstance(data[key], str):
                 data["pattern"] = data.pop(key)
-                data.setdefault("match_type", mtype)
+                data.setdefault("match_type", implied)
                 note(f"'{key}' -> 'pattern' (match_type {data['match_type']})")
         aliases = {
             "substring": "contains",

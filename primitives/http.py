@@ -2064,7 +2064,8 @@ class _Scoped:
     """Expose a workflow's local placeholders to code that resolves through the context (db_check)."""
 
     def __init__(self, ctx: RunContext, scope: dict[str, Any]):
-        self.ctx, self.scope, self.saved = ctx, scope, {}
+        self.ctx, self.scope = ctx, scope
+        self.saved: dict[str, Any] = {}
 
     def __enter__(self) -> None:
         missing = object()
@@ -2111,14 +2112,14 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
         else:
             r = sent.response
             ctx.set_response(r)
-            wanted = set(setup.expect_status or (200, 201))
+            setup_ok = set(setup.expect_status or (200, 201))
             scope, created = _setup_scope(r.body, setup.id_path)
             text = f"{setup.method} {setup.path} as {who} -> {r.status}"
-            if r.status not in wanted:
+            if r.status not in setup_ok:
                 record(
                     "entity_setup",
                     False,
-                    f"{text}, expected {sorted(wanted)}; body: {excerpt(r.text, 200)}",
+                    f"{text}, expected {sorted(setup_ok)}; body: {excerpt(r.text, 200)}",
                     status=r.status,
                 )
             elif created is None:
@@ -2143,13 +2144,16 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
         try:
             raw = step.model_dump(exclude_unset=True)
             live = WorkflowStep.model_validate(resolver.resolve(raw))
+            path = live.path
+            if path is None:  # a step with both path and wait_s whose path placeholder resolved to null
+                raise ValueError("the path resolved to null")
         except UnresolvedPlaceholder as exc:
             record(label, False, str(exc))
             continue
         except ValueError as exc:
             record(label, False, f"inputs invalid after placeholder resolution: {exc}")
             continue
-        refused = _origin_error(ctx, step.path, live.path)
+        refused = _origin_error(ctx, step.path, path)
         if refused:
             record(label, False, refused)
             continue
@@ -2157,7 +2161,7 @@ def multi_step_workflow(inputs: P29Inputs, ctx: RunContext) -> StepResult:
         sent = send(
             ctx,
             live.method,
-            live.path,
+            path,
             body=live.body,
             headers={**(live.headers or {}), **headers} or None,
             identity=identity,

@@ -846,7 +846,7 @@ def _entry_view(entry: Any) -> tuple[str, str, dict[str, Any], str, Any]:
         return "POST", "", {}, _text(entry), entry if not isinstance(entry, str) else None
     method = str(entry.get("method") or "POST")
     path = str(entry.get("path") or entry.get("url") or "")
-    headers = entry.get("headers") if isinstance(entry.get("headers"), dict) else {}
+    headers = h if isinstance(h := entry.get("headers"), dict) else {}
     body = entry
     for key in ("body", "json", "payload", "data"):
         if key in entry:
@@ -1029,13 +1029,13 @@ def _mail_summary(parsed: Mapping[str, Any]) -> dict[str, Any]:
 
 def mailhog_parsed(item: Mapping[str, Any]) -> dict[str, Any]:
     """A MailHog v2 item as parse_message's dict (from its Raw data when present)."""
-    raw = item.get("Raw") if isinstance(item.get("Raw"), Mapping) else {}
-    data = raw.get("Data") if isinstance(raw, Mapping) else None
-    envelope_to = [str(x) for x in (raw.get("To") or [])] if isinstance(raw, Mapping) else []
+    raw = r if isinstance(r := item.get("Raw"), Mapping) else {}
+    data = raw.get("Data")
+    envelope_to = [str(x) for x in (raw.get("To") or [])]
     if isinstance(data, str) and data:
         return parse_message(data.encode("utf-8", errors="replace"), str(raw.get("From") or ""), envelope_to)
-    content = item.get("Content") if isinstance(item.get("Content"), Mapping) else {}
-    headers = content.get("Headers") if isinstance(content.get("Headers"), Mapping) else {}
+    content = c if isinstance(c := item.get("Content"), Mapping) else {}
+    headers = h if isinstance(h := content.get("Headers"), Mapping) else {}
     text_headers = "".join(
         f"{k}: {v}\r\n" for k, vals in headers.items() for v in (vals if isinstance(vals, list) else [vals])
     )

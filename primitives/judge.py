@@ -33,7 +33,7 @@ The rubric text is taken verbatim (no placeholder resolution: rubrics quote temp
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -74,7 +74,7 @@ EvidenceType = Literal[
 # Evidence types DAGs name that this engine does not collect: the step loads (with a warning) and
 # is reported judge-skipped at run time (SKIPPED_LLM, excluded from totals) instead of guessing.
 UNCOLLECTED_EVIDENCE = {"logs"}
-_EVIDENCE_TYPES = set(EvidenceType.__args__)
+_EVIDENCE_TYPES = set(get_args(EvidenceType))
 
 
 def _combined_evidence(kind: str, has_files: bool) -> str | None:

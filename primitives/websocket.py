@@ -281,7 +281,7 @@ def _event_dialect(data: dict[str, Any]) -> list[dict[str, Any]]:
 class P21Inputs(container.P21Inputs):
     """The log check's inputs, plus the WebSocket dialect (selected by ``url``)."""
 
-    pattern: str | None = Field(
+    pattern: str | None = Field(  # type: ignore[assignment]  # optional here: the WebSocket dialect has none
         default=None,
         description="Log check: text to find (contains/icontains) or a Python "
         "regex (regex). Required unless 'url' is given",
@@ -447,6 +447,7 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     try:
         from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
         from websockets.sync.client import connect
+        from websockets.typing import Subprotocol
     except ImportError as exc:  # an environment problem: ERROR, with the fix
         raise RuntimeError("P21's WebSocket dialect needs the 'websockets' package (pip install websockets)") from exc
     url = _ws_url(ctx, inputs.url or "")
@@ -485,7 +486,7 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     try:
         ws = connect(
             url,
-            subprotocols=inputs.subprotocol or None,
+            subprotocols=[Subprotocol(p) for p in inputs.subprotocol or []] or None,
             additional_headers=headers or None,
             open_timeout=max(0.1, min(10.0, end - time.monotonic())),
             close_timeout=1,
@@ -537,7 +538,8 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
                 if hit is not None and (found is not None or not step.expects_json()):
                     if step.expects_text():
                         buffer = buffer[hit[0] :]
-                    row.update(passed=True, matched=hit[1] if step.expects_text() else _short(received[found]))
+                    matched = hit[1] if step.expects_text() or found is None else _short(received[found])
+                    row.update(passed=True, matched=matched)
                     if found is not None:
                         json_from = found + 1
                     break
@@ -572,7 +574,8 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
     except ConnectionClosed as exc:
         if results:
             results[-1].setdefault("passed", False)
-        reason = f"{exc.rcvd.code} {exc.rcvd.reason}".strip() if getattr(exc, "rcvd", None) else "no close frame"
+        rcvd = getattr(exc, "rcvd", None)
+        reason = f"{rcvd.code} {rcvd.reason}".strip() if rcvd else "no close frame"
         return finish(False, f"step {len(results) - 1}: the app closed the WebSocket ({reason})")
     finally:
         try:

@@ -9,13 +9,18 @@ so no test file has to remember them:
 
 - ``docker``, ``db``, ``s3``: the test uses one of those fixtures;
 - ``prefect``, ``browser``, ``agent_cli``, ``slow``: the module starts a Prefect server, drives
-  Chromium, runs a real agent CLI, or runs whole trials and sweeps (``MODULE_MARKS``); a fixture
-  parametrised over a service marks the items that use it (``PARAM_MARKS``: the S3 lake);
+  Chromium, runs a real agent CLI, or runs whole trials and sweeps (``MODULE_MARKS``), or one test
+  of a module does (``TEST_MARKS``); a fixture parametrised over a service marks the items that use
+  it (``PARAM_MARKS``: the S3 lake);
 - ``unit``: none of the above: runs in seconds without system services
-  (``bash scripts/test.sh -m unit``).
+  (``bash scripts/test.sh -m unit``). Under ``-m unit`` the modules of ``MODULE_MARKS`` are not
+  even imported: none of their tests is a unit test, and importing them (Prefect's server,
+  Playwright, ...) costs seconds.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from dockerd import busybox_image, docker_client, postgres_image, python_image  # noqa: F401 - shared fixtures
@@ -52,15 +57,33 @@ MODULE_MARKS = {
     "test_rollout": ("slow",),
     "test_primitives_integrations": ("slow",),
 }
+# single tests of otherwise quick modules (every parametrisation of the function)
+TEST_MARKS = {
+    # two whole trials of the demo task: the local backend starts the app, the browser nodes drive Chromium
+    ("test_cli", "test_demo_runs_oracle_and_nop_on_the_demo_task"): ("slow", "browser"),
+    # the backend conformance check: ~20 real subprocesses, a real HTTP service, a 0.5 s timeout waited out
+    ("test_environment_local", "test_local_backend_passes_self_check"): ("slow",),
+    # a writer / compactor in a Python subprocess (a fresh import of the lake), killed with SIGKILL mid-way
+    ("test_lake", "test_sigkill_mid_write_shows_old_or_new_never_partial"): ("slow",),
+    ("test_lake_batch", "test_sigkill_during_compaction"): ("slow",),
+}
 # fixtures parametrised over a service: the parameter value that needs it
 PARAM_MARKS = {("lake", "s3"): "s3"}
 SERVICE_MARKS = {"docker", "db", "s3", "prefect", "browser", "agent_cli", "slow"}
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("markexpr", "").strip() == "unit" and collection_path.suffix == ".py":
+        return collection_path.stem in MODULE_MARKS or None
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        module = item.module.__name__ if item.module else ""
         wanted = {FIXTURE_MARKS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_MARKS}
-        wanted |= set(MODULE_MARKS.get(item.module.__name__ if item.module else "", ()))
+        wanted |= set(MODULE_MARKS.get(module, ()))
+        wanted |= set(TEST_MARKS.get((module, getattr(item, "originalname", item.name)), ()))
         params = getattr(getattr(item, "callspec", None), "params", {})
         wanted |= {mark for (name, value), mark in PARAM_MARKS.items() if params.get(name) == value}
         wanted |= {m.name for m in item.iter_markers() if m.name in SERVICE_MARKS}

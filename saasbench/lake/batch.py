@@ -39,7 +39,7 @@ from saasbench.lake.snapshot import (
     snapshot,
     unit_key,
 )
-from saasbench.lake.store import Store, lake_from_uri
+from saasbench.lake.store import LakeStoreError, Store, lake_from_uri
 from saasbench.lake.writer import (
     Commit,
     Hook,
@@ -55,6 +55,14 @@ _SORT_KEYS = ("sweep_id", "task_id", "trial_id", "run_id")
 
 def batch_marker_key(batch_id: str) -> str:
     return f"{BATCHES}/{S.check_id(batch_id, 'batch_id')}.json"
+
+
+def _written_marker(store: Store, key: str) -> dict[str, Any]:
+    """The marker this process just committed (re-read so the snapshot sees what readers see)."""
+    m = read_marker_key(store, key)
+    if m is None:
+        raise LakeStoreError(f"the batch marker {key} just written cannot be read back")
+    return m
 
 
 def _units_of(name: str, tbl: pa.Table) -> dict[UnitKey, dict[str, Any]]:
@@ -205,7 +213,7 @@ def compact(
         sources = {k: (s.generation, s.written_at) for k, s in live.items()}
         result.batch = write_batch(store, tables, max_file_rows=max_file_rows, sources=sources, hook=hook)
         result.units = len(live)
-        new_marker = read_marker_key(store, result.batch.marker)
+        new_marker = _written_marker(store, result.batch.marker)
         snap = resolve([m for m in snap.markers if m["marker"] != result.batch.marker] + [new_marker])
     # clean up: merged unit markers, batches serving nothing, tombstones no batch holds any more
     if hook:
@@ -288,7 +296,7 @@ def merge_batches(
         sources = {k: (s.generation, s.written_at) for k, s in part.winners.items()}
         result.batch = write_batch(store, tables, max_file_rows=max_file_rows, sources=sources, hook=hook)
         result.units = len(sources)
-        snap = resolve(snap.markers + [read_marker_key(store, result.batch.marker)])
+        snap = resolve(snap.markers + [_written_marker(store, result.batch.marker)])
     if hook:
         hook("before_cleanup", "")
     _delete_markers(store, list(snap.dead_batches), result)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from saasbench.lake import schema as S
 from saasbench.lake.store import Store
@@ -61,7 +61,7 @@ def unit_key(m: dict[str, Any]) -> UnitKey | None:
     vals = [m.get(c) for c in cols]
     if not all(isinstance(v, str) and v for v in vals):
         return None
-    return (kind, *vals)
+    return cast(UnitKey, (kind, *vals))  # checked above: a known kind and non-empty str values
 
 
 def parse_marker(key: str, data: bytes | None) -> dict[str, Any] | None:
@@ -173,7 +173,7 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
     markers = list(markers)
     snap = Snapshot(markers=markers)
     unit_markers: dict[UnitKey, Source] = {}
-    batch_entries: dict[UnitKey, list[tuple[Source, dict[str, Any]]]] = {}
+    batch_entries: dict[UnitKey, list[Source]] = {}
     batches = [m for m in markers if m.get("unit") == "batch"]
     for m in markers:
         if m.get("unit") == "batch":
@@ -191,10 +191,10 @@ def resolve(markers: Iterable[dict[str, Any]]) -> Snapshot:
             if k is None:
                 continue
             gw = (str(e.get("source_generation", "")), str(e.get("source_written_at", "")))
-            src = shared.get(gw)
-            if src is None:
-                src = shared[gw] = Source(b, gw[0], gw[1], True)
-            batch_entries.setdefault(k, []).append(src)
+            bsrc = shared.get(gw)
+            if bsrc is None:
+                bsrc = shared[gw] = Source(b, gw[0], gw[1], True)
+            batch_entries.setdefault(k, []).append(bsrc)
 
     served: dict[str, int] = {b["marker"]: 0 for b in batches}
     for k, entries in batch_entries.items():  # the common case, fast: a unit only one batch holds

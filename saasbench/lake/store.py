@@ -23,6 +23,7 @@ pushdown over HTTP range reads, and no s3fs -> aiobotocore -> botocore pin fight
 
 from __future__ import annotations
 
+import builtins  # the stores define a method named ``list``; annotations after it name the builtin
 import os
 import tempfile
 import threading
@@ -70,7 +71,7 @@ class Store(ABC):
     def list(self, prefix: str = "") -> list[str]:
         """All keys starting with ``prefix`` (recursive), sorted."""
 
-    def list_info(self, prefix: str = "") -> list[tuple[str, float]]:
+    def list_info(self, prefix: str = "") -> builtins.list[tuple[str, float]]:
         """(key, last-modified epoch seconds) of all keys starting with ``prefix``."""
         raise NotImplementedError
 
@@ -85,7 +86,7 @@ class Store(ABC):
     def configure_duckdb(self, con: Any) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Make ``con`` able to read :meth:`url` paths. Local: nothing to do."""
 
-    def get_many(self, keys: list[str]) -> dict[str, bytes | None]:
+    def get_many(self, keys: builtins.list[str]) -> dict[str, bytes | None]:
         return {k: self.get(k) for k in keys}
 
     def __repr__(self) -> str:
@@ -139,7 +140,7 @@ class LocalStore(Store):
     def list(self, prefix: str = "") -> list[str]:
         return [k for k, _ in self.list_info(prefix)]
 
-    def list_info(self, prefix: str = "") -> list[tuple[str, float]]:
+    def list_info(self, prefix: str = "") -> builtins.list[tuple[str, float]]:
         # walk the deepest existing folder of the prefix, then filter by the full prefix
         folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         base = self.root.joinpath(*folder.split("/")) if folder else self.root
@@ -243,7 +244,7 @@ class S3Store(Store):
     def list(self, prefix: str = "") -> list[str]:
         return [k for k, _ in self.list_info(prefix)]
 
-    def list_info(self, prefix: str = "") -> list[tuple[str, float]]:
+    def list_info(self, prefix: str = "") -> builtins.list[tuple[str, float]]:
         full = (f"{self.prefix}/" if self.prefix else "") + prefix
         strip = len(self.prefix) + 1 if self.prefix else 0
         out: list[tuple[str, float]] = []

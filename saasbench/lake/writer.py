@@ -316,7 +316,7 @@ def delete_trial(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
     m = read_marker(store, key)
     unit = ("trial", sweep_id, trial_id)
     if win.batch or any(unit in held for held in snap.excluded.values()):  # a batch holds its rows: hide them
-        tomb = {
+        tomb: dict[str, Any] = {
             "format": MARKER_FORMAT,
             "schema_version": S.SCHEMA_VERSION,
             "unit": "trial",

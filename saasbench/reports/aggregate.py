@@ -375,7 +375,7 @@ def _agg(s: _Sums) -> Aggregate:
 class _Trial:
     row: dict[str, Any]
     nodes: list[NodeResult] = field(default_factory=list)
-    score: TrialScore | None = None
+    score: TrialScore = field(init=False)  # set by _score_trial before any use
     sums: _Sums = field(default_factory=_Sums)
 
 
@@ -460,7 +460,7 @@ def _group(
 
 
 def _by_trial_attr(trials: list[_Trial], attr: str, order: Sequence[str] = ()) -> dict[str, GroupScore]:
-    present = {t.row.get(attr) for t in trials if t.row.get(attr)}
+    present = {v for t in trials if (v := t.row.get(attr))}
     keys = [k for k in order if k in present] + sorted(present - set(order))
     out: dict[str, GroupScore] = {}
     for k in keys:
@@ -599,7 +599,7 @@ def compute(
         )
     all_nodes = [n for t in trials.values() for n in t.nodes]
     unknown = unknown_categories(n.category for n in all_nodes)
-    present = {t.row.get("domain") for t in trials.values() if t.row.get("domain")}
+    present = {d for t in trials.values() if (d := t.row.get("domain"))}
     issues = [
         NodeIssue(
             trial_id=t.row["trial_id"],
@@ -1302,20 +1302,20 @@ def compare(con_or_lake, sweep_a: str, sweep_b: str, *, resamples: int = 10_000,
     st_a = _node_status_by_cell(na, valid_a, {t.trial_id for t in ra.trials if t.outcome == "voided_cheat"})
     st_b = _node_status_by_cell(nb, valid_b, {t.trial_id for t in rb.trials if t.outcome == "voided_cheat"})
     changes: list[NodeChange] = []
-    for key in sorted(set(st_a) & set(st_b), key=lambda k: tuple(x or "" for x in k)):
-        if (key[0], key[1]) not in ca or (key[0], key[1]) not in cb:
+    for cell in sorted(set(st_a) & set(st_b), key=lambda k: tuple(x or "" for x in k)):
+        if (cell[0], cell[1]) not in ca or (cell[0], cell[1]) not in cb:
             continue
-        pa_, pb_ = st_a[key][2] >= 0.5, st_b[key][2] >= 0.5
+        pa_, pb_ = st_a[cell][2] >= 0.5, st_b[cell][2] >= 0.5
         if pa_ != pb_:
             changes.append(
                 NodeChange(
-                    agent=key[0],
-                    model=key[1],
-                    task_id=key[2],
-                    node_id=key[3],
-                    category=st_b[key][1] or st_a[key][1],
-                    status_a=st_a[key][0],
-                    status_b=st_b[key][0],
+                    agent=cell[0],
+                    model=cell[1],
+                    task_id=cell[2],
+                    node_id=cell[3],
+                    category=st_b[cell][1] or st_a[cell][1],
+                    status_a=st_a[cell][0],
+                    status_b=st_b[cell][0],
                     change="gained" if pb_ else "lost",
                 )
             )

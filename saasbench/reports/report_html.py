@@ -98,16 +98,16 @@ def grouped_bar_chart(
     for gi, g in enumerate(groups):
         gx = left + gi * group_w + gap / 2
         for si, (name, vals) in enumerate(series):
-            v = vals[gi] if gi < len(vals) else None
-            if v is None:
+            bar = vals[gi] if gi < len(vals) else None
+            if bar is None:
                 continue
-            h = plot_h * max(v, 0.0) / top_val
+            h = plot_h * max(bar, 0.0) / top_val
             x = gx + si * bar_w
             y = top + plot_h - h
             out.append(
                 f'<rect class="bar" data-series="{_e(name)}" data-group="{_e(g)}" x="{x:.1f}" y="{y:.1f}" '
                 f'width="{bar_w - 2}" height="{h:.1f}" fill="{PALETTE[si % len(PALETTE)]}">'
-                f"<title>{_e(name)} - {_e(g)}: {v:.2f}</title></rect>"
+                f"<title>{_e(name)} - {_e(g)}: {bar:.2f}</title></rect>"
             )
         out.append(
             f'<text x="{gx + n_series * bar_w / 2:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{_e(g)}</text>'

@@ -367,10 +367,10 @@ class AuthProfile(BaseModel):
             for name, scheme in self.schemes.items():
                 if kind is not None and scheme.kind == kind:
                     return name, scheme
-        name = self.role_schemes.get(role, self.default_scheme)
-        if name is None:
+        chosen = self.role_schemes.get(role, self.default_scheme)
+        if chosen is None:
             return None
-        return name, self.schemes[name]
+        return chosen, self.schemes[chosen]
 
     def context_vars(self) -> dict[str, Any]:
         """``<role>_<field>`` and ``eval_<role>_<field>`` for every evaluation user."""

@@ -814,6 +814,7 @@ async def read_dom(page: Any, limit: int, timeout_s: float) -> tuple[str, int]:
         except RuntimeError as exc:
             if attempt == 2 or "terminated" not in str(exc).lower():
                 raise  # a pending termination may hit our own read once; then read again
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def classify_navigation_error(url: str, exc: BaseException, seconds: float) -> tuple[str, bool]:

@@ -172,7 +172,8 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, decimal.Decimal):
         if not value.is_finite():
             return str(value)
-        if value == value.to_integral_value() and value.as_tuple().exponent >= 0:
+        exp = value.as_tuple().exponent  # an int for a finite Decimal (the letters stand for NaN/Infinity)
+        if value == value.to_integral_value() and isinstance(exp, int) and exp >= 0:
             return int(value)
         return float(value)
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
@@ -1036,7 +1037,7 @@ class MySqlDatabase(Database):
 
 
 def _mysql_message(exc: BaseException) -> str:
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = getattr(exc, "args", ())
     if len(args) >= 2 and isinstance(args[0], int):
         return f"({args[0]}) {args[1]}"
     return _first_lines(exc)
@@ -1226,7 +1227,7 @@ class MongoDatabase(Database):
         if self._db is None:
             ms = int(self.options.connect_timeout_s * 1000)
             try:
-                client = pymongo.MongoClient(
+                client: Any = pymongo.MongoClient(
                     self.dsn,
                     serverSelectionTimeoutMS=ms,
                     connectTimeoutMS=ms,

@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from saasbench import failures as _failures
 from saasbench.redaction import redact_text
+from saasbench.services.workspace import Listing as FileEntry
 from saasbench.services.workspace import Walk, glob_to_regex
 
 # --- the paper's template (Appendix C.2), verbatim -----------------------------------------------
@@ -473,7 +474,7 @@ class Judge:
             for i in range(self.config.votes)
         ]
         ok = [c for c in calls if c.error is None and c.score is not None]
-        base = dict(
+        base: dict[str, Any] = dict(
             score_range=rng,
             model=model,
             prompt_hash=p_hash,
@@ -487,7 +488,7 @@ class Judge:
         if not ok:
             last = calls[-1]
             return JudgeVerdict(**base, raw_reply=last.raw_reply, error=last.error or "no score")
-        scores = [c.score for c in ok]  # type: ignore[misc]
+        scores = [c.score for c in ok if c.score is not None]  # all of ok; the test narrows for mypy
         first = ok[0]
         return JudgeVerdict(
             **base,
@@ -983,12 +984,6 @@ _STOPWORDS = frozenset(
 )
 
 
-class FileEntry(Protocol):
-    rel: str
-    kind: str  # file | dir | other
-    size: int
-
-
 class FileSource(Protocol):
     """Read access to the candidate's files (host folder today, an Environment backend later).
 
@@ -998,7 +993,7 @@ class FileSource(Protocol):
 
     def stat(self, rel: str) -> FileEntry | None: ...
 
-    def listdir(self, rel: str) -> list[FileEntry]: ...
+    def listdir(self, rel: str) -> Sequence[FileEntry]: ...
 
     def read(self, rel: str, limit: int) -> bytes: ...
 

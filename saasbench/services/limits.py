@@ -88,6 +88,7 @@ def parse_llm_calls(value: int | str | Mapping[str, int] | None) -> dict[str, in
     """``8`` / ``"8"`` -> ``{"*": 8}``; ``"openai=8,*=2"`` or a mapping -> per provider."""
     if value is None:
         return {}
+    items: list[tuple[str, Any]]  # counts as given: int or text, checked by _positive
     if isinstance(value, Mapping):
         items = list(value.items())
     elif isinstance(value, int) and not isinstance(value, bool):

@@ -65,7 +65,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from saasbench import settings
@@ -326,51 +326,56 @@ def _int(text: str, default: int) -> int:
         return default
 
 
-class _Serving:
-    """Common start/stop of a socketserver in a daemon thread."""
-
-    _server: socketserver.BaseServer | None = None
-    _thread: threading.Thread | None = None
-
-    def _serve(self, server: socketserver.BaseServer, name: str) -> None:
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True
-        )
-        self._thread.start()
-
-    def _shutdown(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+def _bound_port(server: socketserver.BaseServer) -> int:
+    """The port an AF_INET/AF_INET6 server is bound to (its address is ``(host, port, ...)``)."""
+    address = server.server_address
+    if not isinstance(address, tuple):
+        raise TypeError(f"not an IP server: {address!r}")
+    return int(address[1])
 
 
-class WebhookReceiver(_Serving):
-    """Records every HTTP request sent to it; see the module docstring for routes and limits.
+_R = TypeVar("_R")  # what a receiver records: Delivery or MailMessage
 
-    ``port=0`` (the default) takes an ephemeral port. ``advertise_host`` is the host name the app
-    must use to reach it (default: the bind host, or 127.0.0.1 when binding a wildcard).
-    """
 
-    def __init__(self, bind_host: str = DEFAULT_HOST, port: int = 0, advertise_host: str | None = None):
+class _Serving(Generic[_R]):
+    """What both receivers share: where they bind and what they advertise, the record of what
+    they got (a :class:`_Log` of ``_R``), and the lifecycle -- socketservers, each served by a
+    daemon thread, started by :meth:`start` (:meth:`_open` says which) and stopped newest first."""
+
+    _what = "receiver"  # names it in the error of ``port`` before ``start``
+
+    def __init__(self, bind_host: str, port: int, advertise_host: str | None):
         self.bind_host = bind_host
         self.requested_port = port
         self.advertise_host = advertise_host or (DEFAULT_HOST if bind_host in ("0.0.0.0", "::", "") else bind_host)
         self._log = _Log()
-        self._statuses: dict[str, int] = {"/always-500": 500}
+        self._server: socketserver.BaseServer | None = None  # the first one served; None = stopped
+        self._serving: list[tuple[socketserver.BaseServer, threading.Thread]] = []
 
     # lifecycle
+    def _open(self) -> None:
+        """Create the servers and hand each to :meth:`_serve` (the first is the main one)."""
+        raise NotImplementedError
+
+    def _serve(self, server: socketserver.BaseServer, name: str) -> None:
+        if self._server is None:
+            self._server = server
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True)
+        self._serving.append((server, thread))
+        thread.start()
+
     def start(self) -> Self:
         if self._server is None:
-            self._serve(_HttpServer((self.bind_host, self.requested_port), receiver=self), "saasbench-webhook-receiver")
+            self._open()
         return self
 
     def stop(self) -> None:
-        self._shutdown()
+        self._server = None
+        while self._serving:
+            server, thread = self._serving.pop()
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -385,13 +390,44 @@ class WebhookReceiver(_Serving):
     @property
     def port(self) -> int:
         if self._server is None:
-            raise RuntimeError("receiver not started")
-        return self._server.server_address[1]  # type: ignore[attr-defined, index]
+            raise RuntimeError(f"{self._what} not started")
+        return _bound_port(self._server)
+
+    @property
+    def _url_host(self) -> str:
+        return f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host
+
+    # the record
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last item recorded (0 before any): a baseline for wait_for."""
+        return self._log.last_seq
+
+    def clear(self) -> None:
+        self._log.clear()
+
+    def wait_for(self, predicate: Callable[[_R], bool], timeout: float, after_seq: int = 0) -> _R | None:
+        """The first item after ``after_seq`` for which ``predicate`` is true, or None after ``timeout`` s."""
+        return self._log.wait_for(predicate, timeout, after_seq)
+
+
+class WebhookReceiver(_Serving[Delivery]):
+    """Records every HTTP request sent to it; see the module docstring for routes and limits.
+
+    ``port=0`` (the default) takes an ephemeral port. ``advertise_host`` is the host name the app
+    must use to reach it (default: the bind host, or 127.0.0.1 when binding a wildcard).
+    """
+
+    def __init__(self, bind_host: str = DEFAULT_HOST, port: int = 0, advertise_host: str | None = None):
+        super().__init__(bind_host, port, advertise_host)
+        self._statuses: dict[str, int] = {"/always-500": 500}
+
+    def _open(self) -> None:
+        self._serve(_HttpServer((self.bind_host, self.requested_port), receiver=self), "saasbench-webhook-receiver")
 
     @property
     def base_url(self) -> str:
-        host = f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host
-        return f"http://{host}:{self.port}"
+        return f"http://{self._url_host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -426,20 +462,8 @@ class WebhookReceiver(_Serving):
         return self._log.snapshot()
 
     @property
-    def last_seq(self) -> int:
-        """The sequence number of the last request recorded (0 before any): a baseline for wait_for."""
-        return self._log.last_seq
-
-    @property
     def dropped(self) -> int:
         return self._log.dropped
-
-    def clear(self) -> None:
-        self._log.clear()
-
-    def wait_for(self, predicate: Callable[[Delivery], bool], timeout: float, after_seq: int = 0) -> Delivery | None:
-        """The first delivery after ``after_seq`` for which ``predicate`` is true, or None after ``timeout`` s."""
-        return self._log.wait_for(predicate, timeout, after_seq)
 
 
 MockReceiver = WebhookReceiver
@@ -493,7 +517,7 @@ class MailMessage:
         """This message in MailHog's API shape (what P28 reads from a task's MailHog)."""
         p = self.parsed()
 
-        def path(addr: str) -> dict[str, str]:
+        def path(addr: str) -> dict[str, str | None]:
             local, _, domain = addr.partition("@")
             return {"Relays": None, "Mailbox": local, "Domain": domain, "Params": ""}
 
@@ -706,86 +730,46 @@ def _address(text: str) -> str:
     return text.split(" ", 1)[0]
 
 
-class SmtpSink(_Serving):
+class SmtpSink(_Serving[MailMessage]):
     """Accepts every message on an ephemeral SMTP port; ``api_port`` (None = no API) serves MailHog's read API."""
+
+    _what = "SMTP sink"
 
     def __init__(
         self, bind_host: str = DEFAULT_HOST, port: int = 0, advertise_host: str | None = None, api_port: int | None = 0
     ):
-        self.bind_host = bind_host
-        self.requested_port = port
-        self.advertise_host = advertise_host or (DEFAULT_HOST if bind_host in ("0.0.0.0", "::", "") else bind_host)
+        super().__init__(bind_host, port, advertise_host)
         self.requested_api_port = api_port
-        self._log = _Log()
         self._api_server: _HttpServer | None = None
-        self._api_thread: threading.Thread | None = None
 
-    def start(self) -> Self:
-        if self._server is None:
-            self._serve(_SmtpServer((self.bind_host, self.requested_port), self), "saasbench-smtp-sink")
-            if self.requested_api_port is not None:
-                try:
-                    self._api_server = _HttpServer((self.bind_host, self.requested_api_port), sink=self)
-                except OSError:
-                    self._shutdown()
-                    raise
-                self._api_thread = threading.Thread(
-                    target=self._api_server.serve_forever,
-                    kwargs={"poll_interval": 0.2},
-                    name="saasbench-smtp-api",
-                    daemon=True,
-                )
-                self._api_thread.start()
-        return self
+    def _open(self) -> None:
+        self._serve(_SmtpServer((self.bind_host, self.requested_port), self), "saasbench-smtp-sink")
+        if self.requested_api_port is not None:
+            try:
+                api = _HttpServer((self.bind_host, self.requested_api_port), sink=self)
+            except OSError:
+                self.stop()
+                raise
+            self._api_server = api
+            self._serve(api, "saasbench-smtp-api")
 
     def stop(self) -> None:
-        api, self._api_server = self._api_server, None
-        if api is not None:
-            api.shutdown()
-            api.server_close()
-        if self._api_thread is not None:
-            self._api_thread.join(timeout=5)
-            self._api_thread = None
-        self._shutdown()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("SMTP sink not started")
-        return self._server.server_address[1]  # type: ignore[attr-defined, index]
+        self._api_server = None
+        super().stop()
 
     @property
     def api_port(self) -> int | None:
-        return None if self._api_server is None else self._api_server.server_address[1]
+        return None if self._api_server is None else _bound_port(self._api_server)
 
     @property
     def api_url(self) -> str | None:
         """``http://host:port/api/v2/messages`` (MailHog's messages URL), or None without the API."""
         if self.api_port is None:
             return None
-        host = f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host
-        return f"http://{host}:{self.api_port}/api/v2/messages"
+        return f"http://{self._url_host}:{self.api_port}/api/v2/messages"
 
     def messages(self) -> list[MailMessage]:
         return self._log.snapshot()
-
-    @property
-    def last_seq(self) -> int:
-        return self._log.last_seq
-
-    def clear(self) -> None:
-        self._log.clear()
-
-    def wait_for(
-        self, predicate: Callable[[MailMessage], bool], timeout: float, after_seq: int = 0
-    ) -> MailMessage | None:
-        return self._log.wait_for(predicate, timeout, after_seq)
 
 
 # --- per-run instances ---------------------------------------------------------------------------
@@ -883,9 +867,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    service: WebhookReceiver | SmtpSink
     if args.mode == "mock":
-        service: WebhookReceiver | SmtpSink = WebhookReceiver(args.host, args.port).start()
-        info: dict[str, Any] = {"mode": "mock", "host": args.host, "port": service.port, "url": service.url}
+        receiver = WebhookReceiver(args.host, args.port).start()
+        service = receiver
+        info: dict[str, Any] = {"mode": "mock", "host": args.host, "port": receiver.port, "url": receiver.url}
     else:
         sink = SmtpSink(args.host, args.port, api_port=args.api_port).start()
         service = sink

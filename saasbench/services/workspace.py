@@ -153,11 +153,17 @@ SKIP_DIRS = frozenset({"node_modules", ".git", "dist", "build", "vendor", "__pyc
 
 
 class Listing(Protocol):
-    """What a walk reads: an entry's workspace-relative path, kind and size (Entry, or a backend's own)."""
+    """What a walk reads: an entry's workspace-relative path, kind (file | dir | other) and size
+    (Entry, or a backend's own). Read-only, so an entry with a narrower ``kind`` fits."""
 
-    rel: str
-    kind: str
-    size: int
+    @property
+    def rel(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
 
 
 class Lister(Protocol):
