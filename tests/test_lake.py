@@ -246,6 +246,17 @@ def test_schema_has_the_issue_columns():
             "error_class",
         },
         "node_rollups": {"trial_id", "kind", "key", "nodes", "score", "max_score", "passed", "skipped_llm"},
+        "end_states": {
+            "sweep_id",
+            "trial_id",
+            "task_id",
+            "manifest_key",
+            "backend",
+            "total_bytes",
+            "components_json",
+            "freeze_s",
+            "created_at",
+        },
     }
     assert set(S.TABLES) == set(want)
     for name, cols in want.items():

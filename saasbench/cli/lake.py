@@ -89,13 +89,33 @@ def vacuum_cmd(
         float, typer.Option("--older-than", min=0, help="Only files at least this old (seconds)")
     ] = 3600.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List, do not delete")] = False,
+    objects: Annotated[
+        bool,
+        typer.Option(
+            "--objects",
+            help="Also delete end-state objects (objects/sha256/...) that no committed end_states row references",
+        ),
+    ] = False,
+    objects_older_than_s: Annotated[
+        float, typer.Option("--objects-older-than", min=0, help="Only objects at least this old (seconds)")
+    ] = 7 * 86400.0,
 ) -> None:
-    """Delete Parquet files no commit lists (left by writes that crashed before committing)."""
+    """Delete Parquet files no commit lists (left by writes that crashed before committing).
+
+    End-state objects are kept unless --objects is given; then those no end_states row references
+    (and older than --objects-older-than) go too.
+    """
     from saasbench.lake import vacuum
 
     lake = settings.lake_uri(lake)
     try:
-        keys = vacuum(lake, older_than_s=older_than_s, dry_run=dry_run)
+        keys = vacuum(
+            lake,
+            older_than_s=older_than_s,
+            dry_run=dry_run,
+            objects=objects,
+            objects_older_than_s=objects_older_than_s,
+        )
     except Exception as exc:  # noqa: BLE001 - store errors become one line, exit 2
         raise _fail(f"cannot vacuum the lake {lake}: {type(exc).__name__}: {exc}") from None
     console = _console()

@@ -365,6 +365,18 @@ def model_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any
     return out
 
 
+def end_state_rows(info: TrialInfo, rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``end_states`` rows (from ``saasbench.runs.endstate.end_state_row``) with this trial's key columns."""
+    cols = set(S.END_STATES.names)
+    out = []
+    for r in rows:
+        row = {k: v for k, v in dict(r).items() if k in cols} | info.key()
+        if "created_at" in row:
+            row["created_at"] = utc(row["created_at"])
+        out.append(row)
+    return out
+
+
 def trial_rows(
     info: TrialInfo,
     report: Any = None,
@@ -373,9 +385,11 @@ def trial_rows(
     judge_calls: Sequence[Any] = (),
     env_builds: Iterable[Mapping[str, Any]] = (),
     model_calls: Iterable[Any] = (),
+    end_states: Iterable[Mapping[str, Any]] = (),
 ) -> TrialRows:
     """All rows of one trial. ``report`` may be None (the trial failed before evaluation);
-    ``model_calls`` are the trial's requests through the model gateway (``Gateway.calls``)."""
+    ``model_calls`` are the trial's requests through the model gateway (``Gateway.calls``);
+    ``end_states`` the row of its frozen end state (``saasbench.runs.endstate.end_state_row``)."""
     judge_calls = list(judge_calls)
     nodes, steps = node_rows(info, report) if report is not None else ([], [])
     calls = model_call_rows(info, model_calls)
@@ -396,6 +410,7 @@ def trial_rows(
             "env_builds": env_build_rows(info, env_builds),
             "trajectory_events": trajectory_rows(info, trajectory) if trajectory is not None else [],
             "model_calls": calls,
+            "end_states": end_state_rows(info, end_states),
         },
     )
 
@@ -416,6 +431,7 @@ def from_trial_result(
     env_builds: Iterable[Mapping[str, Any]] = (),
     report_uri: str | None = None,
     model_calls: Iterable[Any] = (),
+    end_states: Iterable[Mapping[str, Any]] = (),
 ) -> TrialRows:
     """Rows of a :class:`saasbench.runs.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
     domain, tier); ``outcome`` defaults to ``voided_cheat`` when the trial voided the rollout, else to
@@ -451,6 +467,7 @@ def from_trial_result(
         judge_calls=judge_calls or getattr(result, "judge_calls", None) or (),
         env_builds=env_builds,
         model_calls=model_calls,
+        end_states=end_states,
     )
 
 

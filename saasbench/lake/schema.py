@@ -9,8 +9,10 @@ relation of the current schema).
 Layout (keys relative to the lake root; ids are path-safe, see :func:`check_id`)::
 
     sweeps/sweep_id=<s>/part-<s>.<gen>.parquet
-    trials|node_results|step_results|judge_calls|env_builds|trajectory_events|model_calls/
+    trials|node_results|step_results|judge_calls|env_builds|trajectory_events|model_calls|end_states/
         sweep_id=<s>/task_id=<t>/part-<trial_id>.<gen>.parquet
+    objects/sha256/<2 hex>/<sha256>                    content-addressed objects (frozen end states,
+                                                       docs/endstate.md); not a table, never in a marker
     reference_validations/task_id=<t>/part-<run_id>.<gen>.parquet
     _commits/sweep_id=<s>/_sweep.json                  commit marker of the sweep row
     _commits/sweep_id=<s>/trial_id=<trial_id>.json     commit marker of one trial (all its tables)
@@ -311,6 +313,27 @@ MODEL_CALLS = pa.schema(
     ]
 )
 
+#: One row per trial whose end state was frozen (saasbench.runs.endstate, docs/endstate.md): the
+#: manifest and every object it references live under ``objects/sha256/`` in the same store.
+#: ``object_keys`` lists them all, so ``lake vacuum --objects`` keeps what a committed row references.
+END_STATES = pa.schema(
+    _TRIAL_KEY
+    + [
+        _f("manifest_key", S, "objects/sha256/<2 hex>/<sha256> of the end-state manifest (JSON)"),
+        _f("backend", S, "Environment backend the state was frozen in (local, docker); restore needs the same"),
+        _f("format_version", I32, "Manifest format version"),
+        _f("total_bytes", I64, "Stored size: components (compressed) plus the manifest"),
+        _f("raw_bytes", I64, "Size of the components before compression"),
+        _f("new_bytes", I64, "Bytes actually written by this freeze (content already stored is not written again)"),
+        _f("components_json", S, "Components as JSON: kind, name, service, method, key, bytes, raw_bytes"),
+        _f("object_keys", pa.list_(S), "Every object the end state needs: the manifest and its components"),
+        _f("restart_source", S, "contract (the deployment contract) | processes (recorded) | none"),
+        _f("freeze_s", F64, "Wall clock of the freeze"),
+        _f("created_at", _ts(), "When the state was frozen (UTC)"),
+        _f("harness_version", S, "saasbench version that froze it"),
+    ]
+)
+
 #: Derived from ``node_results`` by the writer (:mod:`saasbench.lake.rollups`), never written by
 #: callers: per trial, the sums every report needs, so ``saasbench report`` reads about 20 rows
 #: per trial instead of ~100 node rows. Sums add the node rows left to right in (node_index,
@@ -403,6 +426,13 @@ TABLES: dict[str, TableDef] = {
             "trial",
             ("sweep_id", "task_id"),
             "One row per agent request through the model gateway",
+        ),
+        TableDef(
+            "end_states",
+            END_STATES,
+            "trial",
+            ("sweep_id", "task_id"),
+            "The frozen end state of a trial: its manifest in the lake's object store",
         ),
         TableDef(
             "node_rollups",

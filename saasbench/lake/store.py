@@ -2,7 +2,8 @@
 
 A store maps ``/``-separated keys (relative to the lake root) to bytes. The writer needs exactly
 four things from it: an atomic ``put`` of one object, ``get``, recursive ``list`` under a prefix
-and ``delete``. Readers also need :meth:`Store.url` (what DuckDB opens) and
+and ``delete``; content-addressed writers (the frozen end states, ``objects/sha256/...``) also
+ask :meth:`Store.exists`. Readers also need :meth:`Store.url` (what DuckDB opens) and
 :meth:`Store.configure_duckdb` (how DuckDB reaches the store).
 
 Atomicity: :class:`LocalStore` writes a temporary file in the destination folder, fsyncs it and
@@ -75,6 +76,10 @@ class Store(ABC):
         """(key, last-modified epoch seconds) of all keys starting with ``prefix``."""
         raise NotImplementedError
 
+    def exists(self, key: str) -> bool:
+        """Whether an object exists under ``key`` (content-addressed writers skip the put then)."""
+        return key in self.list(key)
+
     @abstractmethod
     def delete(self, keys: Iterable[str]) -> None:
         """Delete objects; missing keys are ignored."""
@@ -136,6 +141,9 @@ class LocalStore(Store):
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> list[str]:
         return [k for k, _ in self.list_info(prefix)]
@@ -234,6 +242,16 @@ class S3Store(Store):
             if code in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise LakeStoreError(f"cannot read {self.uri}/{key}: {exc}") from None
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except Exception as exc:  # noqa: BLE001 - any botocore error, re-raised with the key
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise LakeStoreError(f"cannot look up {self.uri}/{key}: {exc}") from None
 
     def get_many(self, keys: list[str]) -> dict[str, bytes | None]:
         if len(keys) <= 1:

@@ -283,14 +283,30 @@ def is_committed(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
     return trial_id in committed_trials(store, sweep_id)
 
 
-def vacuum(lake: Store | str, *, older_than_s: float = 3600.0, dry_run: bool = False) -> list[str]:
+def vacuum(
+    lake: Store | str,
+    *,
+    older_than_s: float = 3600.0,
+    dry_run: bool = False,
+    objects: bool = False,
+    objects_older_than_s: float = 7 * 86400.0,
+) -> list[str]:
     """Delete part files no commit marker lists (left by writes that crashed before their marker
     and were never rewritten), if older than ``older_than_s`` so in-flight writes are spared.
-    Returns the keys deleted (or that would be, with ``dry_run``)."""
+    Returns the keys deleted (or that would be, with ``dry_run``).
+
+    Content-addressed objects (``objects/sha256/...``: frozen end states, docs/endstate.md) are
+    never part files, so this never deletes them by default. With ``objects=True`` it also deletes
+    the objects that no ``end_states`` row of any commit marker references (its ``manifest_key`` and
+    ``object_keys``; a row superseded by a rewrite still protects its objects until its file is
+    gone) and that are older than ``objects_older_than_s`` (default a week: a trial freezes its end
+    state before its evaluation and commits the row after it). An ``end_states`` file that cannot
+    be read stops the object sweep before anything is deleted."""
     import time
 
     store = lake_from_uri(lake)
-    listed = {f["key"] for m in list_commits(store) for f in m["files"]}
+    markers = list_commits(store)
+    listed = {f["key"] for m in markers for f in m["files"]}
     cutoff = time.time() - older_than_s
     orphans = [
         key
@@ -298,9 +314,59 @@ def vacuum(lake: Store | str, *, older_than_s: float = 3600.0, dry_run: bool = F
         for key, mtime in store.list_info(name + "/")
         if key.endswith(".parquet") and key not in listed and mtime <= cutoff
     ]
+    if objects:
+        referenced = referenced_objects(store, markers)
+        obj_cutoff = time.time() - objects_older_than_s
+        orphans += [
+            key for key, mtime in store.list_info(OBJECTS + "/") if key not in referenced and mtime <= obj_cutoff
+        ]
     if orphans and not dry_run:
         store.delete(orphans)
     return orphans
+
+
+OBJECTS = "objects"
+
+
+def referenced_objects(store: Store, markers: list[dict[str, Any]] | None = None) -> set[str]:
+    """Every object key an ``end_states`` row of any commit marker names (manifest and components).
+    Raises when a listed ``end_states`` file cannot be read (never guess which objects are free)."""
+    import io
+
+    markers = list_commits(store) if markers is None else markers
+    keys = sorted({f["key"] for m in markers for f in m["files"] if f.get("table") == "end_states"})
+    out: set[str] = set()
+    for key, data in store.get_many(keys).items():
+        if data is None:
+            raise FileNotFoundError(f"end_states file {key} is listed by a commit marker but missing")
+        tbl = pq.read_table(io.BytesIO(data), columns=["manifest_key", "object_keys"])
+        for mkey, okeys in zip(tbl.column("manifest_key").to_pylist(), tbl.column("object_keys").to_pylist()):
+            if mkey:
+                out.add(mkey)
+            if okeys is None and mkey:  # a row without the list: the manifest names its objects
+                okeys = _object_keys_in(store, mkey)
+            out.update(k for k in okeys or () if k)
+    return out
+
+
+def _object_keys_in(store: Store, manifest_key: str) -> list[str]:
+    data = store.get(manifest_key)
+    if data is None:
+        return []
+    found: list[str] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str) and v.startswith(OBJECTS + "/"):
+            found.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+
+    walk(json.loads(data))
+    return found
 
 
 def delete_trial(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
