@@ -151,7 +151,7 @@ def one_repeat(task: Any, dag: Any, backend: str, store: Any, client: Any, spec:
         assert ro.outcome == "completed", ro.outcome_detail
         first = E.freeze(env, task, store, agent=agent)
         t0 = time.perf_counter()
-        live, app = evaluate_in(env, task, agent, dag)
+        live, app, _ = evaluate_in(env, task, agent, dag)
         out["eval_s"] = time.perf_counter() - t0
         assert app.ok, app.error
         used = E.freeze(env, task, store, agent=agent)
@@ -167,7 +167,7 @@ def one_repeat(task: Any, dag: Any, backend: str, store: Any, client: Any, spec:
         t0 = time.perf_counter()
         E.restore(store, first.manifest_key, env2)
         out["restore_s"] = time.perf_counter() - t0
-        again, app2 = evaluate_in(env2, task, agent, dag)
+        again, app2, _ = evaluate_in(env2, task, agent, dag)
         assert app2.ok, app2.error
     out["statuses_equal"] = statuses(again) == statuses(live)
     out["score"] = (live.summary.deterministic_score, again.summary.deterministic_score)

@@ -1,7 +1,6 @@
-"""Evaluate stage: a task's DAG against an app that is already running (``saasbench evaluate`` as a task).
-
-Inside a sweep, evaluation runs in the trial's own environment (``saasbench.runs.trial``); this flow is
-for re-scoring a live deployment. It goes through the one evaluation wiring
+"""Evaluate stage: a trial's app started (live environment, or restored from its frozen end state) and its
+DAG run (``evaluate_stage``). ``evaluate_task``/``evaluate_flow`` score an app that is already running
+(``saasbench evaluate`` as a flow, e.g. a live deployment). It goes through the one evaluation wiring
 (``saasbench.evaluation.evaluate``): the workspace, the app's database and a judge model are passed on
 when given (without a judge, llm-judge nodes are SKIPPED_LLM).
 """
@@ -11,6 +10,10 @@ from __future__ import annotations
 from prefect import flow, task
 
 from saasbench.failures import TaskDefect
+from saasbench.flows.stage import stage_task
+from saasbench.runs import stages
+
+evaluate_stage = stage_task("evaluate", stages.evaluate)
 
 
 @task(name="evaluate", retries=0)

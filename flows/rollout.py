@@ -1,12 +1,9 @@
-"""Rollout stage: agent run + app start + evaluation in one fresh environment.
-
-Until end states are frozen (ARCHITECTURE step 4), rollout and evaluation share the trial's
-environment, so the rollout task *is* the trial task (``flows.trial.run_trial_task``), with
-retries for infrastructure failures only.
-"""
+"""Rollout stage: the agent's run, integrity hashes and anti-cheat scan. An agent outcome is never retried;
+a retry (the environment failed under the agent) provisions a fresh environment first."""
 
 from __future__ import annotations
 
-from saasbench.flows.trial import run_trial_task as rollout_task
+from saasbench.flows.stage import stage_task
+from saasbench.runs import stages
 
-__all__ = ["rollout_task"]
+rollout_stage = stage_task("rollout", stages.rollout)

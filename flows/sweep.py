@@ -118,7 +118,7 @@ def sweep_flow(
 
 
 def _run_local(sw: core.SweepSpec, todo: list[core.TrialSpec]) -> dict[str, str]:
-    runner = run_trial_task.with_options(retries=sw.retries, retry_delay_seconds=list(sw.retry_delays) or 0)
+    runner = run_trial_task  # each stage inside retries on its own (flows/trial.py)
     outcomes: dict[str, str] = {}
     inflight: list[tuple[Any, core.TrialSpec]] = []
     for trial in todo:

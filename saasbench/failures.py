@@ -33,6 +33,11 @@ class JudgeError(HarnessError):
     retryable = True
 
 
+class LakeError(EnvError):
+    """Writing the trial's results to the lake failed (object store down, disk full): retried from the
+    commit stage, so the agent is never run again for it."""
+
+
 class TaskDefect(HarnessError):
     """The task itself is broken (unloadable spec or DAG, failing reference): not retried."""
 

@@ -68,7 +68,7 @@ def test_local_round_trip_scores_node_for_node_like_the_live_system(timetrack, s
         (env.workspace_dir / "notes" / "tool.sh").write_text("#!/bin/sh\necho hi\n")
         (env.workspace_dir / "notes" / "tool.sh").chmod(0o750)
         frozen = E.freeze(env, timetrack, store, agent=agent)
-        live, app = evaluate_in(env, timetrack, agent, dag)
+        live, app, _ = evaluate_in(env, timetrack, agent, dag)
         assert app.ok, app.error
     m = frozen.manifest
     assert (m.task_id, m.backend, m.format_version, m.agent) == ("timetrack", "local", 1, "oracle")
@@ -82,7 +82,7 @@ def test_local_round_trip_scores_node_for_node_like_the_live_system(timetrack, s
         assert (env2.workspace_dir / "app.py").read_bytes() == (timetrack.reference_dir / "app.py").read_bytes()
         assert (env2.workspace_dir / "notes" / "tool.sh").stat().st_mode & 0o777 == 0o750
         assert (env2.workspace_dir / "run.sh").stat().st_mode & 0o777 == 0o755
-        again, app2 = evaluate_in(env2, timetrack, agent, dag)
+        again, app2, _ = evaluate_in(env2, timetrack, agent, dag)
         assert app2.ok, app2.error
     assert statuses(again) == statuses(live)
     assert again.summary.deterministic_score == live.summary.deterministic_score == 100.0
@@ -131,7 +131,7 @@ def test_local_round_trip_from_the_processes_left_running(contractless_task, sto
     with make_environment(task, "local") as env:
         oracle_rollout(env, task, agent)
         frozen = E.freeze(env, task, store, agent=agent)
-        live, app = evaluate_in(env, task, agent, dag)
+        live, app, _ = evaluate_in(env, task, agent, dag)
         assert app.ok, app.error
         old_ws, old_port = env.workspace_path, env.app_port
     m = frozen.manifest
@@ -163,7 +163,7 @@ def test_local_round_trip_from_the_processes_left_running(contractless_task, sto
         recipe2 = E.restore(store, frozen.manifest_key, env2)
         started = E.start_restored_app(recipe2, task, env2)
         assert started.ok, (started.error, started.log_tail)
-        again, app2 = evaluate_in(env2, task, agent, dag)
+        again, app2, _ = evaluate_in(env2, task, agent, dag)
         assert app2.ok
     assert statuses(again) == statuses(live)
     assert again.summary.deterministic_score == live.summary.deterministic_score == 100.0
@@ -182,7 +182,7 @@ def test_docker_round_trip_scores_node_for_node_like_the_live_system(docker_clie
         assert r.ok, r.stderr
         env.start_service("worker", "sleep 1000", env={"WORKER_SECRET": "worker-secret-987"})
         frozen = E.freeze(env, timetrack, store, agent=agent)
-        live, app = evaluate_in(env, timetrack, agent, dag)
+        live, app, _ = evaluate_in(env, timetrack, agent, dag)
         assert app.ok, app.error
     m = frozen.manifest
     assert m.backend == "docker" and m.workspace_path == "/app"
@@ -200,7 +200,7 @@ def test_docker_round_trip_scores_node_for_node_like_the_live_system(docker_clie
         r = env2.exec("stat -c '%a %u %n' /opt/agent/tool.txt; readlink /opt/agent/link; test -e /etc/issue", 30)
         assert r.stdout.splitlines() == ["640 1000 /opt/agent/tool.txt", "/etc/passwd"] and r.exit_code == 1
         assert (env2.workspace_dir / "run.sh").stat().st_mode & 0o777 == 0o755
-        again, app2 = evaluate_in(env2, timetrack, agent, dag)
+        again, app2, _ = evaluate_in(env2, timetrack, agent, dag)
         assert app2.ok, app2.error
     assert statuses(again) == statuses(live)
     assert again.summary.deterministic_score == live.summary.deterministic_score == 100.0

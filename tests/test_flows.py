@@ -22,6 +22,7 @@ from saasbench.flows.aggregate import artifact_key
 from saasbench.flows.sweep import sweep_flow
 from saasbench.flows.trial import trial_flow
 from saasbench.runs import sweep as sw
+from saasbench.runs import trial as trial_mod
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -101,11 +102,11 @@ def test_trial_flow_env_error_exhausted(tmp_path, monkeypatch):
 def test_trial_flow_agent_error_not_retried(tmp_path, monkeypatch):
     calls = []
 
-    def crash(task, agent, **kw):
-        calls.append(agent)
+    def crash(env, task, agent, budget, **kw):
+        calls.append(agent.name)
         raise AgentError("agent crashed")
 
-    monkeypatch.setattr(sw, "run_local_trial", crash)
+    monkeypatch.setattr(trial_mod, "rollout_in", crash)
     spec = sweep_dict(tmp_path, "flow-agent", agents=["oracle"])
     assert trial_flow(task="timetrack", agent="oracle", sweep=spec, retry_delays=[0]) == "agent_error"
     assert calls == ["oracle"]
@@ -114,11 +115,11 @@ def test_trial_flow_agent_error_not_retried(tmp_path, monkeypatch):
 def test_trial_flow_harness_bug_not_retried(tmp_path, monkeypatch):
     calls = []
 
-    def bug(task, agent, **kw):
-        calls.append(agent)
+    def bug(env, task, agent, budget, **kw):
+        calls.append(agent.name)
         raise KeyError("harness bug")
 
-    monkeypatch.setattr(sw, "run_local_trial", bug)
+    monkeypatch.setattr(trial_mod, "rollout_in", bug)
     spec = sweep_dict(tmp_path, "flow-bug", agents=["oracle"])
     with pytest.raises(KeyError):
         trial_flow(task="timetrack", agent="oracle", sweep=spec, retry_delays=[0])

@@ -24,6 +24,7 @@ import pytest
 from saasbench import lake as lakelib
 from saasbench.failures import AgentError
 from saasbench.runs import sweep as sw
+from saasbench.runs import trial as trial_mod
 from saasbench.services import limits
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,9 +84,9 @@ def meet(n: int):
 
 
 def fake_trial(overlap: Overlap, during=None):
-    """A run_local_trial stand-in: holds an environment, then 'the agent fails' (recorded, fast)."""
+    """A rollout_in stand-in: runs while the trial holds its environment, then 'the agent fails' (recorded, fast)."""
 
-    def run(task, agent, **kw):
+    def run(env, task, agent, budget, **kw):
         with overlap:
             if during:
                 during()
@@ -214,13 +215,13 @@ def test_judge_calls_are_limited_per_provider():
 
 def test_plain_sweep_limits_environments(tmp_path, monkeypatch):
     ov = Overlap(wait_for_other(0.5))
-    monkeypatch.setattr(sw, "run_local_trial", fake_trial(ov))
+    monkeypatch.setattr(trial_mod, "rollout_in", fake_trial(ov))
     out = sw.run_sweep_plain(spec_for(tmp_path, "lim-plain-1", envs_per_host=1), sleep=lambda s: None)
     assert set(out.values()) == {"agent_error"} and len(out) == 4
     assert ov.entries == 4 and ov.max_active == 1
 
     ov2 = Overlap(meet(2))
-    monkeypatch.setattr(sw, "run_local_trial", fake_trial(ov2))
+    monkeypatch.setattr(trial_mod, "rollout_in", fake_trial(ov2))
     out = sw.run_sweep_plain(spec_for(tmp_path, "lim-plain-2", envs_per_host=2), sleep=lambda s: None)
     assert len(out) == 4 and ov2.max_active == 2
 
@@ -235,7 +236,7 @@ def test_sweep_cmd_limit_options(tmp_path, monkeypatch):
     app.command("sweep")(sweep_cmd)
     app.command("noop")(lambda: None)
     ov = Overlap(wait_for_other(0.3))
-    monkeypatch.setattr(sw, "run_local_trial", fake_trial(ov))
+    monkeypatch.setattr(trial_mod, "rollout_in", fake_trial(ov))
     spec = tmp_path / "s.yaml"
     spec.write_text(f"tasks: [timetrack]\nagents: [oracle, nop]\nreport_dir: {tmp_path / 'rep'}\n")
     base = ["sweep", str(spec), "--lake", str(tmp_path / "lake"), "--concurrency", "2"]
@@ -296,7 +297,7 @@ def test_prefect_env_limit_one_serialises_trials(harness, tmp_path, monkeypatch)
     seen_active: list[int] = []
     ov = Overlap(wait_for_other(1.0))
     monkeypatch.setattr(
-        sw, "run_local_trial", fake_trial(ov, during=lambda: seen_active.append(server_limit(name).active_slots))
+        trial_mod, "rollout_in", fake_trial(ov, during=lambda: seen_active.append(server_limit(name).active_slots))
     )
     res = sweep_flow(spec_for(tmp_path, "lim-prefect-1", envs_per_host=1))
     assert set(res["outcomes"].values()) == {"agent_error"} and len(res["outcomes"]) == 4
@@ -314,7 +315,7 @@ def test_prefect_env_limit_two_overlaps(harness, tmp_path, monkeypatch):
     from saasbench.flows.sweep import sweep_flow
 
     ov = Overlap(meet(2))
-    monkeypatch.setattr(sw, "run_local_trial", fake_trial(ov))
+    monkeypatch.setattr(trial_mod, "rollout_in", fake_trial(ov))
     res = sweep_flow(spec_for(tmp_path, "lim-prefect-2", envs_per_host=2, llm_calls_per_provider={"anthropic": 4}))
     assert len(res["outcomes"]) == 4 and ov.entries == 4 and ov.max_active == 2
     assert server_limit(limits.env_limit_name()).limit == 2  # updated from 1 by this sweep's config

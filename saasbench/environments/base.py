@@ -147,6 +147,11 @@ class Environment(ABC):
     exec/down TRIAL`` for Docker); None when nothing of it is reachable outside this process."""
 
     # --- lifecycle ---------------------------------------------------------------------------
+    def prepare(self) -> dict[str, str]:
+        """Build or fetch what :meth:`start` needs (container images) without starting anything: the
+        trial's build-env stage, retried on its own. Returns ``{service: image}``; nothing by default."""
+        return {}
+
     @abstractmethod
     def start(self) -> None:
         """Create the workspace and the services the task needs before the agent (databases).

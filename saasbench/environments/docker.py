@@ -429,6 +429,10 @@ class DockerEnvironment(HostFolderFiles, Environment):
         return self._client
 
     # --- lifecycle -------------------------------------------------------------------------------
+    def prepare(self) -> dict[str, str]:
+        """Every service's image built (content-addressed cache) or present, nothing started."""
+        return {name: self._image_for(name, self.spec.services[name]) for name in self.spec.start_order()}
+
     def start(self) -> None:
         if self._started:
             return
@@ -733,6 +737,12 @@ class DockerEnvironment(HostFolderFiles, Environment):
     @property
     def network(self) -> str | None:
         return self._network
+
+    @property
+    def service_marks(self) -> dict[str, str]:
+        """``{service: marker}`` of the commands started with :meth:`start_service` (the marker tags
+        their processes, so a frozen end state can tell the harness's services from the agent's)."""
+        return {name: mark for name, (_exec_id, mark) in self._service_marks.items()}
 
     @property
     def container_name(self) -> str | None:

@@ -434,7 +434,7 @@ def _app_port(env: Any) -> int | None:
 
 
 def _running_processes(env: Any) -> list[ProcessInfo]:
-    if getattr(env, "kind", None) == "docker":
+    if _is_docker(env):
         raw = _docker_processes(env)
     else:
         raw = _local_processes(env)
@@ -485,7 +485,7 @@ def _local_processes(env: Any) -> list[dict]:
     service the environment starts has it, also those that left their process group)."""
     if not os.path.isdir("/proc"):
         return []
-    from saasbench.environments.local import group_members
+    from saasbench.environments.base import group_members
 
     ws = str(env.workspace_path)
     pids: dict[int, str | None] = {}
@@ -576,9 +576,15 @@ def _docker_processes(env: Any) -> list[dict]:
     return left
 
 
+def _is_docker(env: Any) -> bool:
+    """The Docker backend's parts (service dumps, container changes) speak the Docker API."""
+    from saasbench.environments.docker import DockerEnvironment
+
+    return isinstance(env, DockerEnvironment)
+
+
 def _service_marks(env: Any) -> dict[str, str]:
-    marks = getattr(env, "_service_marks", None) or {}
-    return {name: mark for name, (_exec_id, mark) in dict(marks).items()}
+    return env.service_marks if _is_docker(env) else {}
 
 
 def _roots(procs: list[dict], workspace: str) -> list[ProcessInfo]:
@@ -950,7 +956,7 @@ def freeze(env: Any, task: Any, store: Any, *, agent: Any = None) -> FrozenState
     t0 = time.monotonic()
     store = lake_from_uri(store)
     writer = _Writer(store)
-    backend = getattr(env, "kind", "local")
+    backend = env.kind  # a label for the manifest: restore needs the same backend
     recipe = restart_recipe(env, task, agent)  # first: what runs now, before anything is touched
     components: list[Component] = []
     ws = Path(env.workspace_dir)
@@ -988,7 +994,7 @@ def freeze(env: Any, task: Any, store: Any, *, agent: Any = None) -> FrozenState
             skipped=skipped,
         ),
     )
-    if backend == "docker":
+    if _is_docker(env):
         # one service after another: side by side measured no faster on a 2-CPU host (docs/benchmarks.md)
         for name in env.spec.start_order():
             comp = _service_component(env, writer, name)
@@ -996,7 +1002,7 @@ def freeze(env: Any, task: Any, store: Any, *, agent: Any = None) -> FrozenState
                 components.append(comp)
         components.append(_container_fs(env, writer, env.app_name))
     manifest = Manifest(
-        task_id=getattr(task, "id", None) or getattr(env, "task_id", None) or "adhoc",
+        task_id=(task or env.task).id if (task or env.task) is not None else "adhoc",
         backend=backend,
         created_at=_dt.datetime.now(_dt.UTC),
         harness_version=__version__,
@@ -1033,7 +1039,7 @@ def restore(store: Any, manifest: str | Manifest | FrozenState, env: Any) -> Res
         manifest = manifest.manifest_key
     if isinstance(manifest, str):
         manifest = load_manifest(store, manifest)
-    backend = getattr(env, "kind", "local")
+    backend = env.kind
     if manifest.backend != backend:
         raise EndStateError(f"end state of backend {manifest.backend!r} cannot be restored into {backend!r}")
     blobs = {c.blob.key: _blob_bytes(store, c.blob) for c in manifest.components if c.blob is not None}
@@ -1044,7 +1050,7 @@ def restore(store: Any, manifest: str | Manifest | FrozenState, env: Any) -> Res
             untar_tree(data, ws)
         elif comp.kind == "sqlite" and data is not None:
             _restore_sqlite(env, comp, data, ws)
-    if backend == "docker":
+    if _is_docker(env):
         by_service = {c.service: c for c in manifest.components if c.kind in ("postgres", "volumes")}
         unknown = set(by_service) - set(env.spec.services)
         if unknown:
@@ -1178,7 +1184,7 @@ def _restore_volumes(env: Any, service: str, comp: Component, data: bytes) -> No
 def _wait_service(env: Any, service: str) -> None:
     svc = env.spec.services[service]
     container = env.container(service)
-    deadline = time.monotonic() + max(float(getattr(env, "health_deadline_s", 60.0)), 1.0)
+    deadline = time.monotonic() + max(float(env.health_deadline_s or 60.0), 1.0)
     while True:
         container.reload()
         state = container.attrs.get("State") or {}
@@ -1213,9 +1219,33 @@ def _restore_container_fs(env: Any, comp: Component, data: bytes | None) -> None
 def start_restored_app(recipe: RestartRecipe, task: Any, env: Any, *, deadline_s: float | None = None) -> Any:
     """Start the restored app by its recipe (:func:`~saasbench.environments.local.start_app` with
     :meth:`RestartRecipe.shell_command`) and wait for health. Returns the AppStart."""
-    from saasbench.environments.local import start_app
+    from saasbench.environments.base import start_app
 
     return start_app(task, env, command=recipe.shell_command() or "", deadline_s=deadline_s)
+
+
+# --- trial records ------------------------------------------------------------------------------------------
+def store_record(store: Any, record: Mapping[str, Any]) -> str:
+    """A JSON record of a trial (its rollout, its evaluation before judging) stored content-addressed
+    (gzip): ``saasbench rescore`` seeds a new trial's stages with it. Returns its object key."""
+    from saasbench.lake.store import lake_from_uri
+
+    raw = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return _Writer(lake_from_uri(store)).blob(raw).key
+
+
+def load_record(store: Any, key: str) -> dict[str, Any]:
+    """A record stored by :func:`store_record`, checked against its key's hash."""
+    from saasbench.lake.store import lake_from_uri
+
+    data = _get_verified(lake_from_uri(store), key)
+    try:
+        out = json.loads(gzip.decompress(data))
+    except (OSError, EOFError, ValueError) as exc:
+        raise BlobCorrupt(f"record {key} is not gzip JSON: {exc}") from None
+    if not isinstance(out, dict):
+        raise BlobCorrupt(f"record {key} is not a JSON object")
+    return out
 
 
 # --- the lake row -------------------------------------------------------------------------------------------
@@ -1228,9 +1258,12 @@ def end_state_row(
     agent: str | None = None,
     model: str | None = None,
     attempt: int | None = None,
+    rollout_key: str | None = None,
+    evaluation_key: str | None = None,
 ) -> dict[str, Any]:
     """The ``end_states`` row of a trial (write it with the trial's other rows: ``write_trial``
-    replaces a trial's unit as a whole)."""
+    replaces a trial's unit as a whole). ``rollout_key``/``evaluation_key``: the trial's records
+    (:func:`store_record`) that ``saasbench rescore`` needs besides the state itself."""
     m = frozen.manifest
     components = [
         {
@@ -1258,7 +1291,9 @@ def end_state_row(
         "raw_bytes": m.raw_bytes,
         "new_bytes": frozen.new_bytes,
         "components_json": json.dumps(components, sort_keys=True),
-        "object_keys": frozen.object_keys,
+        "object_keys": [*frozen.object_keys, *(k for k in (rollout_key, evaluation_key) if k)],
+        "rollout_key": rollout_key,
+        "evaluation_key": evaluation_key,
         "restart_source": m.restart.source,
         "freeze_s": frozen.seconds,
         "created_at": m.created_at,

@@ -27,14 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from saasbench import lake as lakelib
 from saasbench import settings
-from saasbench.failures import EnvError, HarnessError, TaskDefect
+from saasbench.failures import HarnessError
 from saasbench.runs.gateway import Gateway, GatewayConfig
-from saasbench.runs.trial import run_local_trial
 from saasbench.services import limits
 from saasbench.services.judge import JudgeConfig
 
 if TYPE_CHECKING:
-    from saasbench.agents.base import Agent
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -214,39 +213,20 @@ def committed_outcome(spec: SweepSpec, trial: TrialSpec, lake: Any = None) -> st
 
 def write_sweep_row(spec: SweepSpec, lake: Any = None) -> None:
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
-    lakelib.write_sweep(
-        store,
-        lakelib.sweep_row(
-            spec.sweep_id,
-            config=spec.model_dump(),
-            name=spec.name,
-            tasks=spec.tasks,
-            agents=spec.agents,
-            models=[m for m in spec.models if m],
-            attempts=spec.attempts,
-        ),
+    row = lakelib.sweep_row(
+        spec.sweep_id,
+        config=spec.model_dump(),
+        name=spec.name,
+        tasks=spec.tasks,
+        agents=spec.agents,
+        models=[m for m in spec.models if m],
+        attempts=spec.attempts,
     )
+    lakelib.write_sweep(store, {**row, "judge_model": spec.judge.model if spec.judge else None})
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _load_task(name: str):
-    from saasbench.catalog.tasks import load_task
-
-    try:
-        return load_task(name)
-    except Exception as exc:
-        raise TaskDefect(f"cannot load task {name!r}: {exc}") from exc
-
-
-def _is_env_failure(exc: BaseException) -> bool:
-    """Exceptions that mean the environment (not the agent, not the task) failed."""
-    if isinstance(exc, (EnvError, OSError, TimeoutError)):  # the one EnvError (saasbench.failures)
-        return True
-    mod = type(exc).__module__ or ""
-    return mod.startswith(("docker.", "requests.", "urllib3."))
 
 
 def run_trial(
@@ -256,70 +236,45 @@ def run_trial(
     lake: Any = None,
     say: Callable[[str], None] | None = None,
     gateway: Gateway | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    driver: Callable[[Any], str] | None = None,
 ) -> str:
-    """Run one trial and commit it to the lake; returns its outcome.
+    """Run one trial through its stages (:mod:`saasbench.runs.stages`) and commit it; returns its outcome.
 
-    Raises a *retryable* :class:`HarnessError` (env/judge) without writing anything, so the caller
-    (Prefect task retries or :func:`run_trial_retrying`) can retry it. A non-retryable
+    Each stage retries infrastructure failures with the spec's policy and continues from the trial's
+    checkpoints, so the agent runs at most once per frozen end state. When a stage's retries are
+    exhausted the *retryable* :class:`HarnessError` is raised with nothing committed (the checkpoints
+    stay: a re-run resumes there); :func:`run_trial_retrying` then records it. A non-retryable
     HarnessError (agent outcomes, task defect) is recorded as that outcome and returned. The app not
     becoming healthy after the agent's work is the agent's result (nodes fail), not an env error.
+    ``driver(run)`` runs the stages: :func:`saasbench.runs.stages.run_stages` here, Prefect tasks in
+    ``flows/trial.py``.
     """
+    from saasbench.runs import stages
+
     if gateway is None and spec.gateway is not None:
         gateway = _SHARED_GATEWAYS.get(spec.sweep_id)  # the sweep's, when this process runs the sweep
     if gateway is None and spec.gateway is not None:  # no shared gateway (e.g. a trial flow on a worker): its own
         with Gateway(spec.gateway) as own:
-            return run_trial(trial, spec, lake=lake, say=say, gateway=own)
+            return run_trial(trial, spec, lake=lake, say=say, gateway=own, sleep=sleep, driver=driver)
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
-    started = _now()
+    watch = _OBSERVERS.get(spec.sweep_id)
+    run = stages.TrialRun(
+        trial=trial,
+        spec=spec,
+        store=store,
+        gateway=gateway,
+        say=say or (watch.say(trial) if watch else (lambda m: None)),
+        on_node=watch.node(trial) if watch else None,
+        on_commit=watch.commit(trial) if watch else None,
+    )
     try:
-        task = _load_task(trial.task)
-        try:
-            limits.configure_from_spec(spec)
-            agent: str | Agent = trial.agent
-            access = None
-            if gateway is not None:  # the agent reaches models through the sweep's gateway with this trial's key
-                from saasbench.runs.trial import resolve_agent
-
-                access = gateway.for_trial(trial.trial_id)
-                agent = gateway.attach(resolve_agent(trial.agent, trial.model), access)
-            with limits.environment_slot():  # the trial's whole environment lifetime
-                result = run_local_trial(
-                    task, agent, backend=spec.backend, say=say, model=trial.model, judge=spec.judge
-                )
-        except HarnessError:
-            raise
-        except Exception as exc:
-            if _is_env_failure(exc):
-                raise EnvError(f"environment failed for {trial.label}: {type(exc).__name__}: {exc}") from exc
-            raise
+        return driver(run) if driver is not None else stages.run_stages(run, sleep=sleep)
     except HarnessError as exc:
         if exc.retryable:
             raise
-        record_failure(trial, spec, exc, lake=store, started_at=started)
+        record_failure(trial, spec, exc, lake=store, started_at=run.started_at)
         return exc.outcome
-    outcome = detail = None
-    failures = result.judge_failures
-    if failures and result.outcome == "completed":
-        # the judge failed after its own retries (5, with backoff): an infrastructure outcome, kept
-        # with its node rows (those nodes are SKIPPED_LLM) and not retried, since a rerun would
-        # resample the agent; reports count it apart from valid trials
-        outcome = "judge_error"
-        detail = f"{len(failures)} judge call(s) failed after retries; first: {failures[0]}"
-    rows = lakelib.from_trial_result(
-        result,
-        sweep_id=spec.sweep_id,
-        trial_id=trial.trial_id,
-        task=task,
-        model=trial.model,
-        attempt=trial.attempt,
-        started_at=started,
-        ended_at=_now(),
-        outcome=outcome,
-        outcome_detail=detail,
-        model_calls=access.calls() if access is not None else (),
-    )
-    lakelib.write_trial(store, rows)
-    return rows.tables["trials"][0]["outcome"]
 
 
 def record_failure(
@@ -365,17 +320,12 @@ def run_trial_retrying(
     sleep: Callable[[float], None] = time.sleep,
     gateway: Gateway | None = None,
 ) -> str:
-    """:func:`run_trial` with retries of retryable failures only (the no-Prefect path); after the
-    last retry the failure is recorded as its infra outcome."""
-    for i in range(spec.retries + 1):
-        try:
-            return run_trial(trial, spec, lake=lake, gateway=gateway)
-        except HarnessError as exc:
-            if not exc.retryable or i == spec.retries:
-                return record_failure(trial, spec, exc, lake=lake)
-            log.warning("%s: %s (retry %d/%d)", trial.label, exc, i + 1, spec.retries)
-            sleep(spec.delay(i))
-    raise AssertionError("unreachable")
+    """:func:`run_trial` (whose stages retry infrastructure failures); a failure left after the last
+    retry is recorded as its infra outcome (the no-Prefect path)."""
+    try:
+        return run_trial(trial, spec, lake=lake, gateway=gateway, sleep=sleep)
+    except HarnessError as exc:  # a stage's retries are exhausted (run_trial retried it per stage)
+        return record_failure(trial, spec, exc, lake=lake)
 
 
 def run_sweep_plain(
@@ -413,6 +363,39 @@ def run_sweep_plain(
 
 
 _SHARED_GATEWAYS: dict[str, Gateway] = {}
+
+
+@dataclass
+class Observer:
+    """Callbacks a front end (``saasbench demo``) gets for the trials of one sweep run by this process:
+    progress lines, every node result, the committed result. Prefect parameters stay plain data, so
+    :func:`run_trial` finds the observer by sweep id (like the shared gateway)."""
+
+    on_say: Callable[[TrialSpec, str], None] | None = None
+    on_node: Callable[[TrialSpec, Any], None] | None = None
+    on_commit: Callable[[TrialSpec, Any, Any], None] | None = None
+
+    def say(self, trial: TrialSpec) -> Callable[[str], None]:
+        return (lambda m: self.on_say(trial, m)) if self.on_say else (lambda m: None)
+
+    def node(self, trial: TrialSpec) -> Callable[[Any], None] | None:
+        return (lambda r: self.on_node(trial, r)) if self.on_node else None
+
+    def commit(self, trial: TrialSpec) -> Callable[[Any, Any], None] | None:
+        return (lambda result, rows: self.on_commit(trial, result, rows)) if self.on_commit else None
+
+
+_OBSERVERS: dict[str, Observer] = {}
+
+
+@contextlib.contextmanager
+def observe(sweep_id: str, observer: Observer) -> Iterator[Observer]:
+    """Route the callbacks of ``sweep_id``'s trials run in this process to ``observer``."""
+    _OBSERVERS[sweep_id] = observer
+    try:
+        yield observer
+    finally:
+        _OBSERVERS.pop(sweep_id, None)
 
 
 @contextlib.contextmanager

@@ -232,8 +232,10 @@ def rollout_in(
     say: Callable[[str], None] | None = None,
     artefacts_dir: str | Path | None = None,
     backend: str | None = None,
+    installed: bool = False,
 ) -> RolloutResult:
-    """The rollout part of a trial in a started environment (see the module docstring)."""
+    """The rollout part of a trial in a started environment (see the module docstring); ``installed``:
+    the provision stage already installed the agent."""
     from saasbench.agents import build_prompt
     from saasbench.agents.anticheat import integrity_findings, void_if_cheating
 
@@ -241,8 +243,9 @@ def rollout_in(
     started = _dt.datetime.now(_dt.UTC)
     if artefacts_dir is not None and hasattr(agent, "artefacts_dir"):
         agent.artefacts_dir = Path(artefacts_dir)
-    say(f"{agent.name}: installing in {env.workspace_path}")
-    agent.install(env)
+    if not installed:
+        say(f"{agent.name}: installing in {env.workspace_path}")
+        agent.install(env)
     prompt = build_prompt(task, env)
     targets = integrity_targets(task)
     before = _hash_targets(env, targets)
@@ -284,17 +287,22 @@ def evaluate_in(
     on_node: Callable[[NodeResult], None] | None = None,
     say: Callable[[str], None] | None = None,
     judge=None,
+    defer_judge: bool = False,
+    command: str | None = None,
 ):
     """The evaluation part of a trial: start the app (deployment contract), run the DAG. Returns
-    (report, app). ``judge``: a :class:`saasbench.services.judge.Judge` for llm-judge nodes (None: they are
-    SKIPPED_LLM); its ``calls`` hold every vote afterwards."""
+    (report, app, judge requests). ``judge``: a :class:`saasbench.services.judge.Judge` for llm-judge nodes
+    (None: they are SKIPPED_LLM); its ``calls`` hold every vote afterwards. ``defer_judge``: store the
+    requests of llm-judge nodes no other node reads instead of judging them (the judge stage does,
+    :func:`saasbench.evaluation.judging.judge_pending`). ``command``: how to start the app (default: the
+    agent's deployment contract), e.g. a frozen end state's restart recipe."""
     from saasbench.environments.base import start_app
     from saasbench.environments.exec_target import task_exec_env
     from saasbench.evaluation.context import RunOptions, Target
     from saasbench.evaluation.evaluate import evaluate
 
     say = say or (lambda m: None)
-    app = start_app(task, env, command=agent.app_start_command(task))
+    app = start_app(task, env, command=command if command is not None else agent.app_start_command(task))
     if not app.ok:
         say(f"{agent.name}: app not healthy: {app.error}")
     target = Target(
@@ -314,8 +322,12 @@ def evaluate_in(
         auth_profile=task.spec.auth,
         judge=judge,
         on_node=on_node,
+        defer_judge=defer_judge,
     )
-    return report, app
+    if defer_judge:
+        report, requests = report
+        return report, app, list(requests)
+    return report, app, []
 
 
 def run_local_trial(
@@ -344,7 +356,7 @@ def run_local_trial(
         ro = rollout_in(env, task, agent, budget or task_budget(task), say=say, backend=backend)
         say(f"{agent.name}: {ro.outcome}; starting the app")
         judge = Judge(judge) if isinstance(judge, JudgeConfig) else judge
-        report, app = evaluate_in(env, task, agent, dag, on_node=on_node, say=say, judge=judge)
+        report, app, _ = evaluate_in(env, task, agent, dag, on_node=on_node, say=say, judge=judge)
     return TrialResult(
         agent=agent.name,
         report=report,
