@@ -23,6 +23,7 @@ from saasbench.cli.env import env_app
 from saasbench.cli.evaluate import evaluate
 from saasbench.cli.lake import lake_app
 from saasbench.cli.primitives import primitives_app
+from saasbench.cli.rescore import rescore_cmd
 from saasbench.cli.results import compare_cmd, query, report_cmd
 from saasbench.cli.rollout import rollout_cmd
 from saasbench.cli.sweep import run_cmd, sweep_cmd
@@ -45,6 +46,7 @@ app.command("run")(run_cmd)
 app.command("rollout")(rollout_cmd)
 app.command("sweep")(sweep_cmd)
 app.command("compare")(compare_cmd)
+app.command("rescore")(rescore_cmd)
 app.command("validate-reference")(validate_reference_cmd)
 app.command("evaluate")(evaluate)
 app.command("demo")(demo)

@@ -132,6 +132,10 @@ SWEEPS = pa.schema(
         _f("harness_version", S, "saasbench version that ran the sweep"),
         _f("host", S, "Host name of the orchestrator"),
         _f("schema_version", I32, "SCHEMA_VERSION of the writer"),
+        _f("parent_sweep_id", S, "The sweep this one rescored (saasbench rescore); None for a sweep that ran agents"),
+        _f("dag_hash", S, "sha256 of the DAG file a rescore used instead of each task's (None: the tasks' own)"),
+        _f("judge_model", S, "The judge model of the sweep's llm-judge nodes (None: no judge)"),
+        _f("rescore_mode", S, "full (restore, evaluate, judge) | judge-only (stored evidence re-judged)"),
     ]
 )
 
@@ -331,6 +335,12 @@ END_STATES = pa.schema(
         _f("freeze_s", F64, "Wall clock of the freeze"),
         _f("created_at", _ts(), "When the state was frozen (UTC)"),
         _f("harness_version", S, "saasbench version that froze it"),
+        _f("rollout_key", S, "Object key of the trial's rollout record (trajectory, findings, model calls; gzip JSON)"),
+        _f(
+            "evaluation_key",
+            S,
+            "Object key of the evaluation record before judging (report, deferred judge requests; gzip JSON)",
+        ),
     ]
 )
 
