@@ -56,11 +56,15 @@ MODULE_MARKS = {
     "test_agent_builtin": ("slow",),
     "test_rollout": ("slow",),
     "test_primitives_integrations": ("slow",),
+    "test_stages": ("slow",),
+    "test_rescore": ("slow",),
+    "test_endstate": ("slow",),
+    "test_base_install": ("slow", "prefect"),  # a fresh venv and `pip install -e .` (from pip's cache)
 }
 # single tests of otherwise quick modules (every parametrisation of the function)
 TEST_MARKS = {
     # two whole trials of the demo task: the local backend starts the app, the browser nodes drive Chromium
-    ("test_cli", "test_demo_runs_oracle_and_nop_on_the_demo_task"): ("slow", "browser"),
+    ("test_cli", "test_demo_runs_oracle_and_nop_on_the_demo_task"): ("slow", "browser", "prefect"),
     # the backend conformance check: ~20 real subprocesses, a real HTTP service, a 0.5 s timeout waited out
     ("test_environment_local", "test_local_backend_passes_self_check"): ("slow",),
     # a writer / compactor in a Python subprocess (a fresh import of the lake), killed with SIGKILL mid-way

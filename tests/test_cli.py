@@ -402,9 +402,14 @@ def test_evaluate_against_a_live_app_with_vars_and_quarantine(tmp_path: Path, te
     assert "Per category" in result.output and "Deployment" in result.output
 
 
-def test_demo_runs_oracle_and_nop_on_the_demo_task(tmp_path: Path) -> None:
-    result = invoke("demo", "--out", tmp_path / "demo", "--lake", tmp_path / "lake")
+@pytest.mark.parametrize("prefect", [True, False], ids=["prefect", "no-prefect"])
+def test_demo_runs_oracle_and_nop_on_the_demo_task(tmp_path: Path, prefect: bool) -> None:
+    """The demo goes through the trial stages: on an embedded Prefect (it prints the flow run id), or
+    in-process with --no-prefect."""
+    extra = () if prefect else ("--no-prefect",)
+    result = invoke("demo", "--out", tmp_path / "demo", "--lake", tmp_path / "lake", *extra)
     assert result.exit_code == 0, result.output
+    assert ("Prefect flow run:" in result.output) is prefect
     from saasbench.lake import query
 
     rows = query(str(tmp_path / "lake"), "SELECT agent, deterministic_score FROM trials ORDER BY agent").to_pylist()

@@ -238,3 +238,43 @@ def test_sweep_flow_shares_one_gateway(tmp_path, monkeypatch):
     assert len(_FakeGateway.started) == 1  # one proxy for the sweep, not one per trial
     assert sorted(_FakeGateway.started[0].trials) == ["timetrack.nop.none.0", "timetrack.oracle.none.0"]
     assert sw._SHARED_GATEWAYS == {}  # stopped and forgotten with the sweep
+
+
+def test_trial_flow_runs_each_stage_as_a_named_task_and_retries_only_the_failed_stage(tmp_path, monkeypatch):
+    """Every stage is its own Prefect task run named task/agent/model#attempt · stage; an environment
+    failure while evaluating retries the evaluate task (restored from the frozen state), not the rollout."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from saasbench.environments import base as env_base
+
+    real_start_app = env_base.start_app
+    starts: list[int] = []
+
+    def dying_start_app(task, env, **kw):
+        starts.append(1)
+        if len(starts) == 1:
+            raise env_base.EnvError("the environment died while the app was starting")
+        return real_start_app(task, env, **kw)
+
+    runs: list[str] = []
+    real_rollout = trial_mod.rollout_in
+
+    def counting(env, task, agent, budget, **kw):
+        runs.append(agent.name)
+        return real_rollout(env, task, agent, budget, **kw)
+
+    monkeypatch.setattr(env_base, "start_app", dying_start_app)
+    monkeypatch.setattr(trial_mod, "rollout_in", counting)
+    spec = sweep_dict(tmp_path, "flow-stages", agents=["oracle"])
+    state = trial_flow(task="timetrack", agent="oracle", sweep=spec, retry_delays=[0], return_state=True)
+    assert state.result() == "completed" and runs == ["oracle"] and len(starts) == 2
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    by_name = {t.name: t for t in task_runs}
+    stages_run = [n.split(" · ")[1] for n in by_name if " · " in n]
+    assert sorted(stages_run) == sorted(["build_env", "provision", "rollout", "freeze", "evaluate", "judge", "commit"])
+    assert all(n.startswith("timetrack/oracle/none#0 · ") for n in by_name if " · " in n)
+    assert by_name["timetrack/oracle/none#0 · evaluate"].run_count == 2  # retried: one failure, one success
+    assert by_name["timetrack/oracle/none#0 · rollout"].run_count == 1

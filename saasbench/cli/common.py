@@ -71,3 +71,12 @@ def fresh_dir(path: Path) -> Path:
         n += 1
         candidate = path.with_name(f"{path.name}-{n}")
     return candidate
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Exit 2 with the install command when ``module`` (of the optional extra ``extra``) is missing:
+    the base install runs every command, and a feature that needs more says what to install."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise fail(f"{what} needs the '{extra}' extra: pip install 'saasbench[{extra}]' (or -e '.[{extra}]')")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional, cast
+from typing import TYPE_CHECKING, Annotated, Any, Optional, cast
 
 import typer
 from rich.markup import escape
@@ -31,13 +31,17 @@ def demo(
         Optional[str], typer.Option("--lake", help="Results lake URI (default $SAASBENCH_LAKE or runs/lake)")
     ] = None,
     backend: Annotated[str, typer.Option("--backend", help="local (default, no engine needed) or docker")] = "local",
+    no_prefect: Annotated[
+        bool, typer.Option("--no-prefect", help="Run the stages in this process without Prefect (debugging)")
+    ] = False,
 ) -> None:
     """Run the oracle and nop agents on the bundled demo task end to end and print a leaderboard.
 
-    Local backend, results in a local folder: no Docker engine, no API key, no server. Each
-    agent gets a fresh workspace; the app is started by the task's deployment contract
-    (run.sh), scored with the task's DAG, and stopped. Judge nodes are SKIPPED_LLM without a
-    judge, so the deterministic score is the one to read.
+    The same trial flow as `saasbench sweep` (build env, provision, rollout, freeze, evaluate, judge,
+    commit), on an embedded Prefect unless PREFECT_API_URL is set. Local backend, results in a local
+    folder: no Docker engine, no API key, no server. Each agent gets a fresh workspace; the app is
+    started by the task's deployment contract (run.sh), scored with the task's DAG, and stopped.
+    Judge nodes are SKIPPED_LLM without a judge, so the deterministic score is the one to read.
 
     Example: saasbench demo --out /tmp/demo-run
     """
@@ -45,78 +49,61 @@ def demo(
 
     from saasbench.catalog.tasks import load_task
     from saasbench.dag import DagLoadError
-    from saasbench.runs.trial import run_local_trial
+    from saasbench.environments import check_backend
+    from saasbench.runs import sweep as core
 
     console = _console()
     try:
         spec = load_task(task)
     except (FileNotFoundError, KeyError, ValueError, DagLoadError) as exc:
         raise _fail(f"cannot load demo task {task!r}: {exc}") from None
-    from saasbench.environments import check_backend
-
     try:
         check_backend(backend)
     except ValueError as exc:
         raise _fail(f"--backend: {exc}") from None
     out_dir = out or fresh_dir(Path("runs") / f"demo-{timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    import datetime as dt
-
-    from saasbench import lake as lakelib
-
     lake_uri = settings.lake_uri(lake)
-    store = lakelib.lake_from_uri(lake_uri)
-    sweep_id = f"demo-{timestamp()}"
-    lakelib.write_sweep(
-        store,
-        lakelib.sweep_row(
-            sweep_id,
-            name="saasbench demo",
-            tasks=[spec.id],
-            agents=list(DEMO_AGENTS),
-            config={"backend": backend, "task": spec.id},
-            attempts=1,
-        ),
+    sweep = core.SweepSpec(
+        sweep_id=f"demo-{timestamp()}",
+        name="saasbench demo",
+        tasks=[task],
+        agents=list(DEMO_AGENTS),
+        backend=backend,
+        lake=lake_uri,
+        report_dir=str(out_dir),
+        retry_delays=[1],
     )
-    rows = []
-    for agent in DEMO_AGENTS:
-        started = dt.datetime.now(dt.timezone.utc)
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            bar = progress.add_task(f"{agent}: preparing", total=None)
+    n_nodes = len(spec_nodes(spec))
+    rows: list[tuple[str, Any, Path]] = []
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console
+    ) as progress:
+        bars: dict[str, TaskID] = {}
 
-            def on_node(r: NodeResult, bar: TaskID = bar, agent: str = agent) -> None:
-                progress.update(bar, advance=1, description=f"{agent}: {r.id} {r.status.value}")
+        def bar(trial: Any) -> TaskID:
+            if trial.agent not in bars:
+                bars[trial.agent] = progress.add_task(f"{trial.agent}: preparing", total=n_nodes)
+            return bars[trial.agent]
 
-            def say(m: str, bar: TaskID = bar) -> None:
-                progress.update(bar, description=m, total=len(spec_nodes(spec)))
+        def on_say(trial: Any, message: str) -> None:
+            progress.update(bar(trial), description=message)
 
-            result = run_local_trial(spec, agent, backend=backend, on_node=on_node, say=say)
-        report_path = out_dir / agent / "report.json"
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(result.report.model_dump_json(indent=2), encoding="utf-8")
-        trajectory = cast("Trajectory", result.trajectory)  # TrialResult types it as object
-        (out_dir / agent / "trajectory.json").write_text(trajectory.model_dump_json(indent=2), encoding="utf-8")
-        lakelib.write_trial(
-            store,
-            lakelib.from_trial_result(
-                result,
-                sweep_id=sweep_id,
-                trial_id=f"{spec.id}.{agent}.0",
-                task=spec,
-                started_at=started,
-                outcome=result.outcome,
-                ended_at=dt.datetime.now(dt.timezone.utc),
-                report_uri=str(report_path),
-            ),
-        )
-        rows.append((agent, result, report_path))
+        def on_node(trial: Any, r: NodeResult) -> None:
+            progress.update(bar(trial), advance=1, description=f"{trial.agent}: {r.id} {r.status.value}")
+
+        def on_commit(trial: Any, result: Any, _rows: Any) -> None:
+            folder = out_dir / trial.agent
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "report.json").write_text(result.report.model_dump_json(indent=2), encoding="utf-8")
+            trajectory = cast("Trajectory", result.trajectory)  # TrialResult types it as object
+            (folder / "trajectory.json").write_text(trajectory.model_dump_json(indent=2), encoding="utf-8")
+            rows.append((trial.agent, result, folder / "report.json"))
+            progress.update(bar(trial), description=f"{trial.agent}: committed")
+
+        with core.observe(sweep.sweep_id, core.Observer(on_say=on_say, on_node=on_node, on_commit=on_commit)):
+            flow_run_id = _run_demo_sweep(sweep, out_dir, no_prefect)
+    for agent, result, _ in rows:
         note = "app up" if result.app_ok else f"app down: {(result.app_error or '')[:60]}"
         console.print(f"{agent}: deterministic score {result.report.summary.deterministic_score} ({note})")
     table = Table(title=f"Leaderboard: task {spec.id} ({backend} backend)", show_edge=False)
@@ -132,10 +119,32 @@ def demo(
     console.print(table)
     for agent, _, report_path in rows:
         console.print(f"{agent} report: {escape(str(report_path))}")
+    if flow_run_id:
+        console.print(f"Prefect flow run: {flow_run_id} (sweep flow; trials and their stages are its task runs)")
     console.print(
-        f"Lake: {escape(lake_uri)} (sweep {sweep_id}); try: saasbench query "
-        f"\"SELECT agent, deterministic_score FROM trials WHERE sweep_id = '{sweep_id}'\" --lake {escape(lake_uri)}"
+        f"Lake: {escape(lake_uri)} (sweep {sweep.sweep_id}); try: saasbench query "
+        f"\"SELECT agent, deterministic_score FROM trials WHERE sweep_id = '{sweep.sweep_id}'\" --lake {escape(lake_uri)}"
     )
+    if len(rows) != len(DEMO_AGENTS):
+        raise _fail(f"{len(DEMO_AGENTS) - len(rows)} demo trial(s) did not commit a result (see the log above)")
+
+
+def _run_demo_sweep(sweep: Any, out_dir: Path, no_prefect: bool) -> str | None:
+    """The demo's sweep through the trial flow (embedded Prefect) or, with --no-prefect, in this process."""
+    from saasbench.runs import sweep as core
+
+    if no_prefect:
+        core.run_sweep_plain(sweep, workers=1)
+        core.aggregate(sweep, report_dir=out_dir)
+        return None
+    from saasbench.cli.sweep import prefect_env
+
+    prefect_env()
+    from saasbench.flows.sweep import sweep_flow
+
+    state = sweep_flow(spec=sweep.model_dump(mode="json"), report_dir=str(out_dir), return_state=True)
+    state.result()  # raises what failed the flow
+    return str(state.state_details.flow_run_id)
 
 
 def spec_nodes(task) -> list:

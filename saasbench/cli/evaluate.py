@@ -240,6 +240,10 @@ def run_evaluation(
     if judge_model:
         from pydantic import ValidationError
 
+        from saasbench.cli.common import require_extra
+
+        require_extra("litellm", "judge", "--judge-model (the LLM judge)")
+
         from saasbench.services.judge import Judge, JudgeConfig
 
         try:

@@ -26,7 +26,12 @@ from saasbench.cli.common import fail as _fail
 
 
 def prefect_env() -> None:
-    """Defaults for Prefect when the user set none: no telemetry, state outside ~/.prefect."""
+    """Defaults for Prefect when the user set none: no telemetry, state outside ~/.prefect. A log record
+    Prefect writes while its temporary server stops at exit, after the console closed, would print a
+    '--- Logging error ---' traceback: not actionable, so logging's own errors stay silent."""
+    import logging
+
+    logging.raiseExceptions = False
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
         os.environ["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"saasbench-prefect-{os.getuid()}")
@@ -56,8 +61,11 @@ def _judge_and_gateway(
     """SweepSpec fields from the judge and gateway options (empty when none are given)."""
     import yaml
 
+    from saasbench.cli.common import require_extra
+
     out: dict = {}
     if judge_model:
+        require_extra("litellm", "judge", "--judge-model (the LLM judge)")
         out["judge"] = {
             "model": judge_model,
             **({"api_base": judge_api_base} if judge_api_base else {}),
@@ -66,6 +74,7 @@ def _judge_and_gateway(
     elif judge_api_base or judge_api_key_env:
         raise _fail("--judge-api-base/--judge-api-key-env need --judge-model")
     if gateway is not None:
+        require_extra("litellm", "gateway", "--gateway (the model gateway)")
         try:
             out["gateway"] = yaml.safe_load(gateway.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as exc:
@@ -89,8 +98,12 @@ def run_cmd(
     judge_api_base: JudgeApiBase = None,
     judge_api_key_env: JudgeKeyEnv = None,
     gateway: GatewayFile = None,
+    no_prefect: Annotated[
+        bool, typer.Option("--no-prefect", help="Run the trial's stages in this process without Prefect (debugging)")
+    ] = False,
 ) -> None:
-    """Run one trial through the Prefect trial flow and commit it to the lake.
+    """Run one trial through the trial flow (its stages, on an embedded Prefect unless PREFECT_API_URL is
+    set) and commit it to the lake.
 
     Example: saasbench run --task timetrack --agent oracle
     """
@@ -114,10 +127,18 @@ def run_cmd(
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    prefect_env()
-    from saasbench.flows.trial import trial_flow
+    if no_prefect:
+        from saasbench.runs.sweep import TrialSpec, run_trial_retrying, sweep_gateway, write_sweep_row
 
-    outcome = trial_flow(task=task, agent=agent, model=model, attempt=attempt, sweep=spec.model_dump(mode="json"))
+        write_sweep_row(spec)
+        trial = TrialSpec(task=task, agent=agent, model=model, attempt=attempt)
+        with sweep_gateway(spec) as gw:
+            outcome = run_trial_retrying(trial, spec, gateway=gw)
+    else:
+        prefect_env()
+        from saasbench.flows.trial import trial_flow
+
+        outcome = trial_flow(task=task, agent=agent, model=model, attempt=attempt, sweep=spec.model_dump(mode="json"))
     Console().print(f"{escape(task)}/{escape(agent)}: {outcome} (sweep {spec.sweep_id}, lake {escape(spec.lake_uri)})")
 
 
