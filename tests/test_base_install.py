@@ -66,8 +66,14 @@ def test_documented_error_paths_exit_without_a_traceback(base_venv, tmp_path):
     gateway = tmp_path / "gateway.yaml"
     gateway.write_text("models: []\n", encoding="utf-8")
     cases = [
-        (["run", "--task", "timetrack", "--agent", "oracle", "--judge-model", "openai/x", "--no-prefect"], "'judge' extra"),
-        (["sweep", "--task", "timetrack", "--agent", "nop", "--gateway", str(gateway), "--no-prefect"], "'gateway' extra"),
+        (
+            ["run", "--task", "timetrack", "--agent", "oracle", "--judge-model", "openai/x", "--no-prefect"],
+            "'judge' extra",
+        ),
+        (
+            ["sweep", "--task", "timetrack", "--agent", "nop", "--gateway", str(gateway), "--no-prefect"],
+            "'gateway' extra",
+        ),
         (["evaluate", "--dag", str(tmp_path / "none.json"), "--base-url", "http://127.0.0.1:9"], "error"),
         (
             ["evaluate", "--dag", str(REPO / "tasks/timetrack/dag.json"), "--base-url", "http://127.0.0.1:9"]

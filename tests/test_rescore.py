@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+from shared_data import oracle_sweep_spec
 from typer.testing import CliRunner
 
 from saasbench import lake as lakelib
@@ -21,19 +22,6 @@ from saasbench.runs import rescore as rs
 from saasbench.runs import sweep as sw
 
 TRIAL = "timetrack.oracle.none.0"
-
-
-def spec_for(tmp_path: Path, sweep_id: str, **kw) -> sw.SweepSpec:
-    data = {
-        "sweep_id": sweep_id,
-        "tasks": ["timetrack"],
-        "agents": ["oracle"],
-        "lake": str(tmp_path / "lake"),
-        "report_dir": str(tmp_path / "reports"),
-        "retry_delays": [0],
-    }
-    data.update(kw)
-    return sw.SweepSpec.model_validate(data)
 
 
 def statuses(lake: str, sweep_id: str) -> dict[str, str]:
@@ -53,7 +41,7 @@ def no_agent(monkeypatch):
 
 @pytest.fixture(scope="module")
 def oracle_sweep(tmp_path_factory) -> sw.SweepSpec:
-    spec = spec_for(tmp_path_factory.mktemp("rescore"), "s-parent")
+    spec = oracle_sweep_spec(tmp_path_factory.mktemp("rescore"), "s-parent")
     assert sw.run_sweep_plain(spec) == {TRIAL: "completed"}
     return spec
 
@@ -105,7 +93,7 @@ def test_judge_only_finishes_a_judge_error_trial_without_an_environment(tmp_path
 
     judge = {"model": "openai/fake", "retries": 0, "backoff_base_s": 0.01, "backoff_cap_s": 0.02}
     with FakeLLM(default=Reply.error(503, "down")) as down:
-        spec = spec_for(tmp_path, "s-judgedown", judge={**judge, "api_base": down.base_url}, retries=1)
+        spec = oracle_sweep_spec(tmp_path, "s-judgedown", judge={**judge, "api_base": down.base_url}, retries=1)
         assert sw.run_sweep_plain(spec, sleep=lambda s: None) == {TRIAL: "judge_error"}
     lake = spec.lake_uri
 
@@ -143,7 +131,7 @@ def test_rescore_command_errors_and_output(oracle_sweep, no_agent):
 
 def test_rescore_in_docker_equals_the_live_evaluation(tmp_path, monkeypatch, docker_client, python_image):  # noqa: F811
     monkeypatch.setenv("DOCKER_HOST", docker_client.saasbench_base_url)
-    spec = spec_for(tmp_path, "s-docker", backend="docker")
+    spec = oracle_sweep_spec(tmp_path, "s-docker", backend="docker")
     assert sw.run_sweep_plain(spec) == {TRIAL: "completed"}
     monkeypatch.setattr(OracleAgent, "run", lambda *a: pytest.fail("the agent ran during a rescore"))
     result = rs.rescore("s-docker", lake=spec.lake_uri, sweep_id="s-docker-again")

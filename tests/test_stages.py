@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from shared_data import oracle_sweep_spec
 
 from saasbench import lake as lakelib
 from saasbench.agents.oracle import OracleAgent
@@ -25,19 +26,6 @@ from saasbench.runs import sweep as sw
 
 REPO = Path(__file__).resolve().parents[1]
 TRIAL = "timetrack.oracle.none.0"
-
-
-def spec_for(tmp_path: Path, sweep_id: str, **kw) -> sw.SweepSpec:
-    data = {
-        "sweep_id": sweep_id,
-        "tasks": ["timetrack"],
-        "agents": ["oracle"],
-        "lake": str(tmp_path / "lake"),
-        "report_dir": str(tmp_path / "reports"),
-        "retry_delays": [0],
-    }
-    data.update(kw)
-    return sw.SweepSpec.model_validate(data)
 
 
 @pytest.fixture
@@ -67,7 +55,7 @@ def trial_row(lake: str, sweep_id: str) -> dict:
 @pytest.fixture(scope="module")
 def clean_statuses(tmp_path_factory) -> dict[str, str]:
     """Node statuses of one uninterrupted oracle trial (what every recovered trial must reproduce)."""
-    spec = spec_for(tmp_path_factory.mktemp("clean"), "s-clean")
+    spec = oracle_sweep_spec(tmp_path_factory.mktemp("clean"), "s-clean")
     assert sw.run_sweep_plain(spec) == {TRIAL: "completed"}
     statuses = node_statuses(spec.lake_uri, spec.sweep_id)
     assert statuses and "PASSED" in statuses.values()
@@ -77,7 +65,7 @@ def clean_statuses(tmp_path_factory) -> dict[str, str]:
 def test_environment_failure_while_evaluating_restores_the_frozen_state(
     tmp_path, monkeypatch, agent_runs, clean_statuses
 ):
-    spec = spec_for(tmp_path, "s-evalfail")
+    spec = oracle_sweep_spec(tmp_path, "s-evalfail")
     real_start_app = environment.start_app
     starts: list[str] = []
 
@@ -99,7 +87,7 @@ def test_environment_failure_while_evaluating_restores_the_frozen_state(
 
 
 def test_lake_write_failure_at_commit_is_retried_from_the_commit(tmp_path, monkeypatch, agent_runs, clean_statuses):
-    spec = spec_for(tmp_path, "s-lakefail")
+    spec = oracle_sweep_spec(tmp_path, "s-lakefail")
     real_write = lakelib.write_trial
     writes: list[str] = []
 
@@ -118,7 +106,7 @@ def test_lake_write_failure_at_commit_is_retried_from_the_commit(tmp_path, monke
 def test_lake_failure_exhausted_keeps_the_checkpoints(tmp_path, monkeypatch, agent_runs):
     """The commit failing through every retry raises (nothing committed); the next run commits from the
     checkpoints without the agent."""
-    spec = spec_for(tmp_path, "s-lakedown", retries=1)
+    spec = oracle_sweep_spec(tmp_path, "s-lakedown", retries=1)
     real_write = lakelib.write_trial
     monkeypatch.setattr(lakelib, "write_trial", lambda *a, **k: (_ for _ in ()).throw(OSError("lake down")))
     with pytest.raises(stages.LakeError):
@@ -131,7 +119,7 @@ def test_lake_failure_exhausted_keeps_the_checkpoints(tmp_path, monkeypatch, age
 
 
 def test_kill_between_freeze_and_evaluate_resumes_without_the_agent(tmp_path, agent_runs, clean_statuses):
-    spec = spec_for(tmp_path, "s-kill")
+    spec = oracle_sweep_spec(tmp_path, "s-kill")
     script = textwrap.dedent(f"""
         import os, signal
         from saasbench.runs import stages, sweep
@@ -168,7 +156,7 @@ def test_judge_down_then_up_delays_the_trial_instead_of_voiding_it(tmp_path, age
 
     judge = {"model": "openai/fake", "retries": 1, "backoff_base_s": 0.01, "backoff_cap_s": 0.02}
     with FakeLLM(responder=respond) as llm:
-        spec = spec_for(tmp_path, "s-judgeback", judge={**judge, "api_base": llm.base_url})
+        spec = oracle_sweep_spec(tmp_path, "s-judgeback", judge={**judge, "api_base": llm.base_url})
         assert sw.run_sweep_plain(spec, sleep=sleep) == {TRIAL: "completed"}
     assert state["up"] and len(agent_runs) == 1
     row = trial_row(spec.lake_uri, spec.sweep_id)
@@ -192,3 +180,29 @@ def test_checkpoints_are_json_in_the_object_store(tmp_path):
     ck.clear()
     assert ck.finished() == [] and store.list("stages/") == []
     assert os.path.isdir(tmp_path / "lake")
+
+
+def test_docker_environment_failure_while_evaluating_restores_the_frozen_state(
+    tmp_path,
+    monkeypatch,
+    agent_runs,
+    docker_client,  # noqa: F811
+    python_image,  # noqa: F811
+):
+    """The same recovery on the Docker backend: the retry restores the frozen container state."""
+    monkeypatch.setenv("DOCKER_HOST", docker_client.saasbench_base_url)
+    spec = oracle_sweep_spec(tmp_path, "s-docker-evalfail", backend="docker")
+    real_start_app = environment.start_app
+    starts: list[str] = []
+
+    def dying_start_app(task, env, **kw):
+        starts.append(env.trial_id)
+        if len(starts) == 1:
+            raise environment.EnvError("the container died while the app was starting")
+        return real_start_app(task, env, **kw)
+
+    monkeypatch.setattr(environment, "start_app", dying_start_app)
+    assert sw.run_sweep_plain(spec, sleep=lambda s: None) == {TRIAL: "completed"}
+    assert len(agent_runs) == 1 and len(starts) == 2 and starts[0] != starts[1]
+    statuses = node_statuses(spec.lake_uri, spec.sweep_id)
+    assert statuses and all(s in ("PASSED", "SKIPPED_LLM") for s in statuses.values())
