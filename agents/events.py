@@ -319,6 +319,7 @@ class CLIAgent(Agent):
     stream_format: ClassVar[str] = "generic"
     gateway_api: ClassVar[str] = "openai"  # which protocol the CLI speaks to the gateway: openai | anthropic
     gateway: Any = None
+    bin_dir: str | None  # set in __init__; NpmInstalledCLI and OpenHands derive it from their install prefix
     default_model: ClassVar[str] = ""
     events_file: ClassVar[str] = "events.jsonl"
     package: ClassVar[str] = ""

@@ -73,7 +73,7 @@ class OpenHandsAgent(CLIAgent):
         super().__init__(*args, **kwargs)
         self.python = python
         self.venv = venv
-        if venv and not self.bin_dir:
+        if venv and not self.bin_dir:  # type: ignore[has-type]  # declared on CLIAgent; mypy loses it in the agents import cycle
             self.bin_dir = f"{venv.rstrip('/')}/bin"
 
     @property

@@ -126,7 +126,7 @@ start_services
 # Lint first: cheap, and a broken import order or a blind except is a review finding, not a test result.
 "$VENV/bin/ruff" check --quiet . || { echo "ruff check failed (run: $VENV/bin/ruff check --fix .)" >&2; exit 1; }
 "$VENV/bin/ruff" format --check --quiet . || { echo "ruff format check failed (run: $VENV/bin/ruff format .)" >&2; exit 1; }
-"$VENV/bin/mypy" --no-error-summary || { echo "mypy failed on the core ([tool.mypy] files in pyproject.toml)" >&2; exit 1; }
+"$VENV/bin/mypy" --no-error-summary || { echo "mypy failed ([tool.mypy] files in pyproject.toml)" >&2; exit 1; }
 
 status=0
 "$VENV/bin/python" -m pytest -q "$@" || status=$?

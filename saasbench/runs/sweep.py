@@ -376,13 +376,16 @@ class Observer:
     on_commit: Callable[[TrialSpec, Any, Any], None] | None = None
 
     def say(self, trial: TrialSpec) -> Callable[[str], None]:
-        return (lambda m: self.on_say(trial, m)) if self.on_say else (lambda m: None)
+        on_say = self.on_say
+        return (lambda m: on_say(trial, m)) if on_say else (lambda m: None)
 
     def node(self, trial: TrialSpec) -> Callable[[Any], None] | None:
-        return (lambda r: self.on_node(trial, r)) if self.on_node else None
+        on_node = self.on_node
+        return (lambda r: on_node(trial, r)) if on_node else None
 
     def commit(self, trial: TrialSpec) -> Callable[[Any, Any], None] | None:
-        return (lambda result, rows: self.on_commit(trial, result, rows)) if self.on_commit else None
+        on_commit = self.on_commit
+        return (lambda result, rows: on_commit(trial, result, rows)) if on_commit else None
 
 
 _OBSERVERS: dict[str, Observer] = {}

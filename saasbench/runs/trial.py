@@ -315,18 +315,13 @@ def evaluate_in(
         origin_aliases=task.app_origins,
     )
     say(f"{agent.name}: evaluating {len(dag.nodes)} node(s)")
-    report = evaluate(
-        dag,
-        target,
-        options=RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s),
-        auth_profile=task.spec.auth,
-        judge=judge,
-        on_node=on_node,
-        defer_judge=defer_judge,
-    )
+    options = RunOptions(node_timeout_s=task.spec.timeouts.eval_node_s)
     if defer_judge:
-        report, requests = report
+        report, requests = evaluate(
+            dag, target, options=options, auth_profile=task.spec.auth, judge=judge, on_node=on_node, defer_judge=True
+        )
         return report, app, list(requests)
+    report = evaluate(dag, target, options=options, auth_profile=task.spec.auth, judge=judge, on_node=on_node)
     return report, app, []
 
 
