@@ -206,3 +206,24 @@ def test_docker_environment_failure_while_evaluating_restores_the_frozen_state(
     assert len(agent_runs) == 1 and len(starts) == 2 and starts[0] != starts[1]
     statuses = node_statuses(spec.lake_uri, spec.sweep_id)
     assert statuses and all(s in ("PASSED", "SKIPPED_LLM") for s in statuses.values())
+
+
+def test_the_sweep_budget_overrides_the_task_budget(tmp_path, monkeypatch):
+    """A sweep spec sets the agents' budget; what it leaves out stays the task's timeouts."""
+    from saasbench.catalog.tasks import load_task
+    from saasbench.runs import trial as trial_mod
+
+    budgets = []
+    real = trial_mod.rollout_in
+
+    def capture(env, task, agent, budget, **kw):
+        budgets.append(budget)
+        return real(env, task, agent, budget, **kw)
+
+    monkeypatch.setattr(trial_mod, "rollout_in", capture)
+    spec = oracle_sweep_spec(tmp_path, "s-budget", budget={"steps": 7, "wall_s": 600})
+    assert sw.run_sweep_plain(spec) == {TRIAL: "completed"}
+    timeouts = load_task("timetrack").spec.timeouts
+    assert [(b.steps, b.wall_s, b.tool_call_s) for b in budgets] == [(7, 600, timeouts.tool_call_s)]
+    with pytest.raises(ValueError, match="budget"):
+        oracle_sweep_spec(tmp_path, "s-bad", budget={"steps": 0})

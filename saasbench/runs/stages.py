@@ -232,7 +232,7 @@ def provision(run: TrialRun) -> None:
 
 def rollout(run: TrialRun) -> dict[str, Any]:
     """The agent's run in the provisioned environment. Never retried for an agent outcome."""
-    from saasbench.runs.trial import rollout_in, task_budget
+    from saasbench.runs.trial import rollout_in
 
     ck = run.checkpoints
     done = ck.load("rollout")
@@ -248,13 +248,23 @@ def rollout(run: TrialRun) -> dict[str, Any]:
     run._count("rollout")
     with infra_errors(run, "rollout"):
         ro = rollout_in(
-            run.env, run.task, run.agent, task_budget(run.task), say=run.say, backend=run.spec.backend, installed=True
+            run.env, run.task, run.agent, trial_budget(run), say=run.say, backend=run.spec.backend, installed=True
         )
     run.rollout = ro
     calls = run.access.calls() if run.access is not None else []
     record = rollout_record(ro, model_calls=calls)
     ck.save("rollout", record)
     return record
+
+
+def trial_budget(run: TrialRun) -> Any:
+    """The rollout budget: the task's timeouts, with the sweep's ``budget`` overriding what it sets."""
+    from saasbench.runs.trial import task_budget
+
+    b = run.spec.budget
+    if b is None:
+        return task_budget(run.task)
+    return task_budget(run.task, steps=b.steps, wall_s=b.wall_s, tool_call_s=b.tool_call_s)
 
 
 def rollout_record(ro: Any, *, model_calls: Any = ()) -> dict[str, Any]:

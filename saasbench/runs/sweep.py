@@ -44,6 +44,17 @@ def _no_model() -> list[str | None]:
     return [None]  # one run per agent with its default model
 
 
+class AgentBudget(BaseModel):
+    """The agents' budget in a sweep, overriding each task's ``timeouts`` (agent_steps, agent_s, tool_call_s)
+    where given; what is left out stays the task's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int | None = Field(None, ge=1, description="tool calls the agent may make")
+    wall_s: float | None = Field(None, gt=0, description="wall-clock seconds of the whole rollout")
+    tool_call_s: float | None = Field(None, gt=0, description="seconds one tool call may take")
+
+
 class SweepSpec(BaseModel):
     """One sweep: every task x agent x model x attempt."""
 
@@ -64,6 +75,9 @@ class SweepSpec(BaseModel):
         "SKIPPED_LLM",
     )
     lake: str | None = Field(None, description="lake URI; default $SAASBENCH_LAKE or runs/lake")
+    budget: AgentBudget | None = Field(
+        None, description="the agents' budget {steps, wall_s, tool_call_s}; default each task's timeouts"
+    )
     concurrency: int = Field(1, ge=1)
     retries: int = Field(2, ge=0, description="retries of infrastructure failures (env_error, judge_error)")
     retry_delays: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS))
