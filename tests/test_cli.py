@@ -278,6 +278,9 @@ def test_evaluate_unreachable_app_still_writes_a_report(
     assert report["base_url"] == dead_url and report["task_id"] == "task_demo"
     assert "Task score" in result.output and "Node coverage" in result.output
     assert str(out / "report.json") in result.output.replace("\n", "")
+    # each node result was also written as it was produced (what an interrupted run leaves behind)
+    logged = [json.loads(line) for line in (out / "nodes.jsonl").read_text().splitlines()]
+    assert sorted((n["id"], n["status"]) for n in logged) == sorted(status.items())
 
 
 def test_evaluate_require_up_exits_3(tmp_path: Path, valid_dag: Path, dead_url: str) -> None:

@@ -1,6 +1,7 @@
 """``saasbench evaluate``: score a running app with a validation DAG.
 
-``run_evaluation`` is the command's core (load, check, run, write ``report.json``) and
+``run_evaluation`` is the command's core (load, check, run, write ``report.json``; ``nodes.jsonl``
+gets each node result as it is produced, so an interrupted run leaves what it scored) and
 ``render_summary`` prints its result. Heavy imports (httpx, the engine, the judge) happen inside
 the functions, so importing this module stays light.
 """
@@ -283,8 +284,12 @@ def run_evaluation(
         transient=False,
     ) as progress:
         task = progress.add_task("evaluating", total=len(selected))
+        # every node result as it is produced (flushed), so an interrupted run leaves what it scored
+        nodes_log = open(out_dir / "nodes.jsonl", "w", encoding="utf-8")  # closed in the finally below
 
         def tick(node_result) -> None:
+            nodes_log.write(node_result.model_dump_json() + "\n")
+            nodes_log.flush()
             progress.update(task, advance=1, description=f"{node_result.id} {node_result.status.value}")
 
         try:
@@ -299,6 +304,7 @@ def run_evaluation(
                 on_node=tick,
             )
         finally:
+            nodes_log.close()
             if exec_target is not None:
                 exec_target.close()
         progress.update(task, description=f"done: {len(selected)} node(s)")
