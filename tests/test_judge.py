@@ -123,12 +123,50 @@ def test_parse_forms(reply, score, form):
         '{"reasoning": "no score"}',
         "NaN",
         '{"score": "high"}',
+        # the model echoed the told range instead of a score: no score, never a real 0
+        '{"score": 0-4, "reasoning": "the app is complete"}',
+        '{"score": "0-4", "reasoning": "fine"}',
+        '{"score": <0-5>, "reasoning": "<brief explanation>"}',
+        '```json\n{"score": 0-5}\n```',
+        "Score: 0-4",
+        "Score: 0 - 4",
+        "Score: 0 to 4",
+        "score: 1\u20135",
+        "Score: 0.5-4.5",
+        '"score": "10-40"',
     ],
 )
 def test_parse_rejects(reply):
     from saasbench.services.judge import parse_reply
 
     assert parse_reply(reply) is None
+
+
+@pytest.mark.parametrize(
+    "reply,score",
+    [
+        ("Score: 4.", 4),
+        ("Score: 3/5 - good", 3),
+        ("Score: 2 out of 5", 2),
+        ("The scale is 0-4.\nScore: 3", 3),
+        ('{"score": 3, "reasoning": "on the 0-4 scale"}', 3),
+        ("Score: -2", -2),
+    ],
+)
+def test_parse_ranges_do_not_hide_real_scores(reply, score):
+    from saasbench.services.judge import parse_reply
+
+    parsed = parse_reply(reply)
+    assert parsed is not None and parsed.score == score
+
+
+def test_echoed_range_takes_the_parse_failure_path(llm):
+    judge = make_judge(llm, parse_retries=1)
+    llm.queue(Reply.text('{"score": 0-4, "reasoning": "x"}'), Reply.text('{"score": "0-4"}'))
+    verdict = judge.score("r", "e", (0, 4))
+    assert not verdict.ok and verdict.score is None
+    assert verdict.error is not None and "unparseable" in verdict.error
+    assert len(llm.chat_requests) == 2
 
 
 def test_clip_and_rescale():
@@ -290,6 +328,59 @@ def test_single_vote_key_is_vote_zero_of_k(llm):
     three = make_judge(llm, votes=3)
     assert one.cache_key("p", "e", 0) == three.cache_key("p", "e", 0)
     assert three.cache_key("p", "e", 1) != three.cache_key("p", "e", 0)
+
+
+def test_cache_key_covers_reply_changing_settings(llm):
+    from saasbench.services.judge import Judge, JudgeConfig
+
+    def key(**kw: Any) -> str:
+        cfg = dict(model="openai/fake", api_base="http://a.example/v1", temperature=0.0, max_tokens=1024)
+        cfg.update(kw)
+        return Judge(JudgeConfig(**cfg)).cache_key("p", "e", 0)
+
+    base = key()
+    # settings that do not change the reply keep the key
+    assert key(timeout_s=3, retries=0, parse_retries=0, votes=5, api_key_env="SOME_KEY", backoff_cap_s=1) == base
+    assert key(api_base="http://a.example/v1/") == base  # a trailing slash is the same server
+    # settings that change the reply change it
+    others = [
+        key(api_base="http://b.example/v1"),
+        key(api_base=None),
+        key(max_tokens=64),
+        key(temperature=0.7),
+        key(model="openai/other"),
+        key(drop_params=False),
+    ]
+    assert base not in others and len(set(others)) == len(others)
+
+
+def test_cached_reply_not_reused_under_other_settings(llm, tmp_path):
+    cache = tmp_path / "cache"
+    llm.queue(ok(3), ok(1), ok(2))
+    assert make_judge(llm, cache_dir=cache).score("r", "e", (0, 5)).score == 3
+    assert make_judge(llm, cache_dir=cache).score("r", "e", (0, 5)).cached
+    short = make_judge(llm, cache_dir=cache, max_tokens=16).score("r", "e", (0, 5))
+    warm = make_judge(llm, cache_dir=cache, temperature=1.0).score("r", "e", (0, 5))
+    assert (short.score, short.cached, warm.score, warm.cached) == (1, False, 2, False)
+    assert len(llm.chat_requests) == 3
+
+
+def test_configured_max_tokens_and_temperature_reach_the_request(llm):
+    from saasbench.services.judge import Judge, JudgeConfig
+
+    # as a sweep spec or the CLI would build it (plain JSON values)
+    cfg = JudgeConfig.model_validate(
+        {"model": "openai/fake", "api_base": llm.base_url, "max_tokens": 77, "temperature": 0.5, "votes": 2}
+    )
+    llm.queue(ok(2), ok(4))
+    assert Judge(cfg).score("r", "e", (0, 5)).score == 3
+    assert [r.body["max_tokens"] for r in llm.chat_requests] == [77, 77]
+    assert [r.body["temperature"] for r in llm.chat_requests] == [0.5, 0.5]
+
+    default = make_judge(llm)
+    llm.queue(Reply.text("garbage"), ok(1))  # the re-ask after an unparseable reply too
+    assert default.score("r2", "e", (0, 5)).score == 1
+    assert [r.body["max_tokens"] for r in llm.chat_requests[2:]] == [1024, 1024]
 
 
 # --- images ----------------------------------------------------------------------------------------------

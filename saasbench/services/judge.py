@@ -4,7 +4,8 @@ a call cache and the evidence the judge sees.
 What the judge does (paper Appendix C.2, docs/dag-semantics.md):
 
 - one chat completion per vote, through ``litellm.completion`` (any litellm model string,
-  optionally an OpenAI-compatible ``api_base``), temperature 0, with exactly two messages::
+  optionally an OpenAI-compatible ``api_base``), ``temperature`` (default 0) and ``max_tokens``
+  (default 1024) from :class:`JudgeConfig` on every call and re-ask, with exactly two messages::
 
       system: You are an expert evaluator. Score the evidence against the rubric. Respond ONLY
               with a JSON object: {"score": <0-{max_score}>, "reasoning": "<brief explanation>"}
@@ -15,11 +16,14 @@ What the judge does (paper Appendix C.2, docs/dag-semantics.md):
   with exponential backoff (``Retry-After`` honoured up to the cap); 400/401/403/404/422 are
   not retried; an unparseable reply is asked again ``parse_retries`` times (same request);
 - the reply is parsed as JSON, fenced JSON, the first ``{...}`` object holding a score, then
-  ``score: n`` / ``Score: n/m`` text; the score is clipped into ``score_range``;
+  ``score: n`` / ``Score: n/m`` text; an echoed range (``{"score": 0-4}``) is no score; the
+  score is clipped into ``score_range`` (the unclipped value is kept as ``parsed_score``);
 - a failure after all that is a verdict with ``error`` set: the caller marks the node
   SKIPPED_LLM, never crashes;
-- calls are cached by (model, prompt hash, evidence digest[, vote]) in memory and, with
-  ``cache_dir``, on disk (one JSON file per call, atomic writes); only parsed replies are cached;
+- calls are cached by (model, prompt hash, evidence digest, api_base, temperature, max_tokens,
+  drop_params[, vote]) in memory and, with ``cache_dir``, on disk (one JSON file per call,
+  atomic writes); only parsed replies are cached. Entries written before these settings were in
+  the key simply miss (they are asked again, never reused);
 - every call, cached or not, is appended to :attr:`Judge.calls` for the lake's ``judge_calls``.
 
 The API key is never stored: :class:`JudgeConfig` names an environment variable, read at call
@@ -145,10 +149,15 @@ class ParsedReply:
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:json|JSON|javascript)?[ \t]*\n?(.*?)```", re.DOTALL)
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
+# not the start of a range: "0-4", "<0-5>", "0 - 4", "0 to 4", "1\u20135" echo the told range, they are no score
+_NOT_RANGE = r"(?!\.?\d|\s*(?:[-\u2013\u2014~]|to\b)\s*[-+]?\d)"
 _SCORE_LINE_RE = re.compile(
-    rf"(?im)^[\s>*#_`\-]*(?:final\s+|overall\s+|total\s+)?score\b[^\d\n\-+]{{0,12}}({_NUMBER})(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?"
+    rf"(?im)^[\s>*#_`\-]*(?:final\s+|overall\s+|total\s+)?score\b[^\d\n\-+]{{0,12}}({_NUMBER}){_NOT_RANGE}"
+    rf"(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?"
 )
-_SCORE_ANY_RE = re.compile(rf"(?i)\bscore\b[^\d\n\-+]{{0,12}}({_NUMBER})(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?")
+_SCORE_ANY_RE = re.compile(
+    rf"(?i)\bscore\b[^\d\n\-+]{{0,12}}({_NUMBER}){_NOT_RANGE}(?:\s*(?:/|out\s+of)\s*({_NUMBER}))?"
+)
 _REASON_RE = re.compile(r'"reason(?:ing)?"\s*:\s*"((?:[^"\\]|\\.)*)', re.DOTALL)
 
 
@@ -204,7 +213,10 @@ def parse_reply(text: str | None) -> ParsedReply | None:
     Tried in order: the whole reply as JSON (an object with ``score``, or a bare number); a
     fenced ```json block; the first ``{...}`` object holding a ``score``; a line starting with
     ``Score: n`` (``n/m`` and ``n out of m`` give ``n * hi / m`` later); ``score ... n``
-    anywhere. Booleans, NaN and infinities are not scores.
+    anywhere. Booleans, NaN and infinities are not scores, nor is a range the judge echoed from
+    the template (``{"score": 0-4}``, ``"score": "0-4"``, ``Score: 0 to 4``): such a reply has
+    no score (the parse-failure path), it is never read as 0. Out-of-range scores are kept here
+    and clipped by :func:`normalise`.
     """
     if not text or not text.strip():
         return None
@@ -502,7 +514,21 @@ class Judge:
 
     # --- one vote ---------------------------------------------------------------------------------
     def cache_key(self, p_hash: str, e_digest: str, vote: int = 0) -> str:
-        key = f"{self.config.model}\n{p_hash}\n{e_digest}"
+        """The call's cache key: model, prompt hash, evidence digest, every setting that changes
+        the reply (``api_base`` without a trailing slash, ``temperature``, ``max_tokens``,
+        ``drop_params``) and, from the second vote on, the vote. Timeouts, retries, the key's
+        variable and ``votes`` itself do not change a reply and are not in the key."""
+        cfg = self.config
+        settings = json.dumps(
+            {
+                "api_base": (cfg.api_base or "").rstrip("/") or None,
+                "temperature": float(cfg.temperature),
+                "max_tokens": cfg.max_tokens,
+                "drop_params": cfg.drop_params,
+            },
+            sort_keys=True,
+        )
+        key = f"{cfg.model}\n{p_hash}\n{e_digest}\n{settings}"
         return _sha256(key if vote == 0 else f"{key}\nvote={vote}")
 
     def _vote(
