@@ -43,7 +43,6 @@ from saasbench.failures import EnvError, HarnessError, JudgeError, LakeError, Ta
 log = logging.getLogger(__name__)
 
 STAGES: tuple[str, ...] = ("build_env", "provision", "rollout", "freeze", "evaluate", "judge", "commit")
-CHECKPOINTED: tuple[str, ...] = ("build_env", "rollout", "freeze", "evaluate", "judge")
 
 
 def _now() -> dt.datetime:
@@ -243,13 +242,18 @@ def rollout(run: TrialRun) -> dict[str, Any]:
             "%s: rollout finished but its environment was lost before the freeze: running it again", run.trial.label
         )
         ck.drop("rollout")
-    if run.env is None:
-        raise EnvError(f"{run.trial.label}: no environment to run the agent in (provision did not run)")
+    if run.env is None:  # a retry after the environment failed under the agent: a fresh one first
+        provision(run)
     run._count("rollout")
-    with infra_errors(run, "rollout"):
-        ro = rollout_in(
-            run.env, run.task, run.agent, trial_budget(run), say=run.say, backend=run.spec.backend, installed=True
-        )
+    try:
+        with infra_errors(run, "rollout"):
+            ro = rollout_in(
+                run.env, run.task, run.agent, trial_budget(run), say=run.say, backend=run.spec.backend, installed=True
+            )
+    except HarnessError as exc:
+        if exc.retryable:
+            run.close_env()  # what failed may be the environment: the retry provisions a fresh one
+        raise
     run.rollout = ro
     calls = run.access.calls() if run.access is not None else []
     record = rollout_record(ro, model_calls=calls)
@@ -283,7 +287,6 @@ def rollout_record(ro: Any, *, model_calls: Any = ()) -> dict[str, Any]:
         "started_at": ro.started_at,
         "ended_at": ro.ended_at,
         "model_calls": [_jsonable(c) for c in model_calls],
-        "app_start_command": None,
     }
 
 
