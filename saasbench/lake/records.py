@@ -360,6 +360,9 @@ def model_call_rows(info: TrialInfo, calls: Iterable[Any]) -> list[dict[str, Any
                 "attempts": _get(c, "attempts"),
                 "retry_wait_s": float(sum(waits)),
                 "retried_errors": [str(e) for e in _get(c, "retried_errors") or []],
+                "usage_source": _get(c, "usage_source"),
+                "usage_estimated": _get(c, "usage_source") == "estimate" if _get(c, "usage_source") else None,
+                "upstream_errors": [str(e)[:500] for e in _get(c, "upstream_errors") or []],
             }
         )
     return out

@@ -314,6 +314,14 @@ MODEL_CALLS = pa.schema(
         _f("attempts", I32, "Upstream attempts (1 + retries)"),
         _f("retry_wait_s", F64, "Total seconds waited between attempts"),
         _f("retried_errors", pa.list_(S), "Exception class of each retried attempt"),
+        _f(
+            "usage_source",
+            S,
+            "upstream: tokens as the provider reported them (the gateway's tap); estimate: the provider reported "
+            "none, counted from the text; proxy: untapped provider, litellm's figure",
+        ),
+        _f("usage_estimated", B, "tokens_in/tokens_out are an estimate (the provider reported no usage)"),
+        _f("upstream_errors", pa.list_(S), "What the gateway's tap saw fail per attempt (stalled, unreachable)"),
     ]
 )
 

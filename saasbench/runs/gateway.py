@@ -105,6 +105,14 @@ DEFAULT_BACKOFF_MIN_S = 10.0
 DEFAULT_BACKOFF_MAX_S = 60.0
 KEY_PREFIX = "sk-sbgw-"
 HOOKS_MODULE = "saasbench_gateway_hooks"
+DEFAULT_BASES = {
+    "chat": "https://api.openai.com/v1",
+    "responses": "https://api.openai.com/v1",
+    "openai": "https://api.openai.com/v1",
+    "messages": "https://api.anthropic.com",
+    "anthropic": "https://api.anthropic.com",
+}
+TAPPABLE_PROVIDERS = ("openai", "anthropic", "hosted_vllm", "custom_openai", "lm_studio", "llamafile")
 LLM_ROUTES = ("/chat/completions", "/completions", "/messages", "/responses", "/embeddings")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # host variables the proxy process inherits (besides the provider keys the config names)
@@ -134,13 +142,27 @@ class GatewayError(EnvError):
 
 # --- configuration -------------------------------------------------------------------------------------
 class GatewayModel(BaseModel):
-    """One model the agents may ask for, and how the proxy reaches it."""
+    """One model the agents may ask for, and how the proxy reaches it.
+
+    The simple form names the API the provider speaks and the gateway bridges every client to it::
+
+        GatewayModel(name="smollm2", api="chat", model="SmolLM2-135M-Instruct", api_base="http://127.0.0.1:8080/v1")
+
+    ``api``: ``chat`` (an OpenAI-compatible server with Chat Completions only: llama.cpp, vLLM, Ollama,
+    LM Studio...), ``responses`` (OpenAI's Responses API), ``messages`` (Anthropic's Messages API).
+    Otherwise ``litellm_model`` gives any litellm provider/model (Bedrock, Vertex...)."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="The model name agents send (the sweep's model string, e.g. claude-sonnet-4-5)")
-    litellm_model: str = Field(description="litellm's provider/model, e.g. anthropic/claude-sonnet-4-5, openai/gpt-5")
-    api_base: str | None = Field(None, description="Provider base URL (default: litellm's for the provider)")
+    api: Literal["chat", "responses", "messages"] | None = Field(
+        None, description="The API the provider speaks: chat | responses | messages (instead of litellm_model)"
+    )
+    model: str | None = Field(None, description="With api: the provider's model id (default: name)")
+    litellm_model: str | None = Field(
+        None, description="litellm's provider/model, e.g. bedrock/anthropic.claude-3-5-sonnet (instead of api)"
+    )
+    api_base: str | None = Field(None, description="Provider base URL (default: the provider's public one)")
     api_key_env: str | None = Field(None, description="NAME of the host variable holding the provider key")
     input_cost_per_token: float | None = Field(None, ge=0, description="USD per prompt token (overrides the cost map)")
     output_cost_per_token: float | None = Field(None, ge=0, description="USD per completion token")
@@ -148,9 +170,7 @@ class GatewayModel(BaseModel):
         default_factory=list,
         description="More names served by the same deployment (e.g. the small/fast model Claude Code asks for)",
     )
-    params: dict[str, Any] = Field(
-        default_factory=dict, description="Other litellm_params, e.g. use_chat_completions_api: true"
-    )
+    params: dict[str, Any] = Field(default_factory=dict, description="Other litellm_params")
 
     @field_validator("api_key_env")
     @classmethod
@@ -167,12 +187,48 @@ class GatewayModel(BaseModel):
             raise ValueError("give provider keys with api_key_env (a variable name), never inline")
         return v
 
-    def litellm_params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {"model": self.litellm_model, **self.params}
-        if self.api_base:
-            params["api_base"] = self.api_base
+    @model_validator(mode="after")
+    def _one_route(self) -> GatewayModel:
+        if (self.api is None) == (self.litellm_model is None):
+            raise ValueError(f"model {self.name!r}: give exactly one of api (chat|responses|messages) or litellm_model")
+        if self.model is not None and self.api is None:
+            raise ValueError(f"model {self.name!r}: model goes with api; with litellm_model name the provider there")
+        return self
+
+    @property
+    def provider_model(self) -> str:
+        """litellm's provider/model: the ``api`` form picks the litellm route that bridges every client to it
+        (Chat Completions forced for ``chat``, ``openai/responses/`` for ``responses``, ``anthropic/`` for
+        ``messages``; table in docs/gateway.md)."""
+        if self.litellm_model is not None:
+            return self.litellm_model
+        upstream = self.model or self.name
+        return {"chat": "openai/", "responses": "openai/responses/", "messages": "anthropic/"}[
+            self.api or "chat"
+        ] + upstream
+
+    def tap_target(self) -> tuple[str, str | None] | None:
+        """(base URL, api) of the provider when the gateway's tap can sit in front of it (an HTTP base it
+        knows), else None: the call goes straight from litellm to the provider."""
+        provider = self.provider_model.split("/", 1)[0]
+        base = self.api_base or DEFAULT_BASES.get(self.api or provider)
+        if base is None or (
+            self.litellm_model is not None and provider not in TAPPABLE_PROVIDERS and not self.api_base
+        ):
+            return None
+        return base, self.api
+
+    def litellm_params(self, api_base: str | None = None) -> dict[str, Any]:
+        """The deployment's litellm_params; ``api_base`` replaces the provider's (the tap's URL for it)."""
+        params: dict[str, Any] = {"model": self.provider_model, **self.params}
+        if self.api == "chat":
+            params.setdefault("use_chat_completions_api", True)  # Messages/Responses clients bridge to chat
+        if api_base or self.api_base:
+            params["api_base"] = api_base or self.api_base
         if self.api_key_env:
             params["api_key"] = f"os.environ/{self.api_key_env}"
+        elif self.api is not None and (api_base or self.api_base):
+            params["api_key"] = "sk-none"  # a local server without keys: litellm's clients still want one
         if self.input_cost_per_token is not None:
             params["input_cost_per_token"] = self.input_cost_per_token
         if self.output_cost_per_token is not None:
@@ -194,6 +250,12 @@ class GatewayConfig(BaseModel):
     backoff_max_s: float = Field(DEFAULT_BACKOFF_MAX_S, gt=0, description="Longest retry wait")
     request_timeout_s: float = Field(600.0, gt=0, description="Timeout of one upstream attempt")
     startup_timeout_s: float = Field(180.0, gt=0, description="How long to wait for /health/liveliness")
+    stall_timeout_s: float = Field(
+        300.0, gt=0, description="A provider silent this long (no byte) is cut off: a model outage, retried"
+    )
+    tap: bool = Field(
+        True, description="Relay provider traffic through the upstream tap (shapes, usage, stalls); off: direct"
+    )
     workdir: str | None = Field(
         None, description="Folder for cfg.yaml, hooks, calls.jsonl, proxy.log (default: a fresh temporary folder)"
     )
@@ -216,11 +278,13 @@ class GatewayConfig(BaseModel):
             raise ValueError(f"model names served twice: {', '.join(dupes)}")
         return self
 
-    def proxy_config(self) -> dict[str, Any]:
-        """The LiteLLM proxy's config.yaml (no secrets: keys are ``os.environ/NAME`` references)."""
+    def proxy_config(self, tap_urls: Mapping[int, str] | None = None) -> dict[str, Any]:
+        """The LiteLLM proxy's config.yaml (no secrets: keys are ``os.environ/NAME`` references).
+        ``tap_urls``: model index -> the upstream tap's URL standing in for that model's provider."""
+        tap_urls = tap_urls or {}
         model_list = [
-            {"model_name": name, "litellm_params": m.litellm_params()}
-            for m in self.models
+            {"model_name": name, "litellm_params": m.litellm_params(tap_urls.get(i))}
+            for i, m in enumerate(self.models)
             for name in (m.name, *m.aliases)
         ]
         return {
@@ -262,7 +326,15 @@ class ModelCall(BaseModel):
     http_status: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    usage_source: Literal["upstream", "estimate", "proxy"] = Field(
+        "proxy",
+        description="upstream: the provider's own usage, read by the tap; estimate: the provider reported none "
+        "(litellm counted the text); proxy: untapped, litellm's figure",
+    )
     cost_usd: float = 0.0
+    upstream_errors: list[str] = Field(
+        default_factory=list, description="What the tap saw go wrong per failed attempt (stalled, unreachable)"
+    )
     started_at: datetime | None = None
     ended_at: datetime | None = None
     latency_ms: float | None = None
@@ -499,6 +571,9 @@ class Gateway:
         self.config_path = self.workdir / "cfg.yaml"
         self.port = self.config.port or 0
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tap: Any = None  # saasbench.runs.upstream.UpstreamTap once started
+        self._tapped: set[str] = set()  # model names whose provider traffic goes through the tap
+        self._tap_bases: dict[str, str] = {}  # the tap's URL for a provider -> the provider's base URL
         self.startup_s: float | None = None
         self._log_fh: Any = None
 
@@ -506,6 +581,25 @@ class Gateway:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    @property
+    def upstream_log(self) -> Path:
+        return self.workdir / "upstream.jsonl"
+
+    def _start_tap(self) -> dict[int, str]:
+        """Start the upstream tap for every model whose provider it can front; model index -> tap URL."""
+        from saasbench.runs.upstream import UpstreamTap, UpstreamTarget
+
+        if not self.config.tap:
+            return {}
+        fronted = [(i, t) for i, m in enumerate(self.config.models) if (t := m.tap_target()) is not None]
+        if not fronted:
+            return {}
+        targets = [UpstreamTarget(base, api) for _, (base, api) in fronted]  # type: ignore[arg-type]
+        self._tapped = {n for i, _ in fronted for n in (self.config.models[i].name, *self.config.models[i].aliases)}
+        self.tap = UpstreamTap(targets, self.upstream_log, stall_timeout_s=self.config.stall_timeout_s).start()
+        self._tap_bases = {self.tap.url_for(k): base for k, (_, (base, _)) in enumerate(fronted)}
+        return {i: self.tap.url_for(k) for k, (i, _) in enumerate(fronted)}
 
     @property
     def url(self) -> str:
@@ -550,7 +644,14 @@ class Gateway:
         import httpx
 
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(yaml.safe_dump(self.config.proxy_config(), sort_keys=False), encoding="utf-8")
+        try:
+            tap_urls = self._start_tap()
+        except OSError as exc:
+            self.close()
+            raise GatewayError(f"cannot start the gateway's upstream tap: {exc}") from exc
+        self.config_path.write_text(
+            yaml.safe_dump(self.config.proxy_config(tap_urls), sort_keys=False), encoding="utf-8"
+        )
         (self.workdir / f"{HOOKS_MODULE}.py").write_text(
             HOOKS_SHIM.format(root=str(Path(__file__).resolve().parents[2])), encoding="utf-8"
         )
@@ -630,6 +731,9 @@ class Gateway:
                 except ProcessLookupError:
                     pass
                 proc.wait(timeout=10)
+        if self.tap is not None:
+            self.tap.close()
+            self.tap = None
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
@@ -717,8 +821,77 @@ class Gateway:
             # a request is over once its success or its final failure (after the retries) is logged
             over = {x.get("call_id") for x in mine if x.get("kind") in ("success", "final_failure")}
             if len(over) >= requests or time.monotonic() >= deadline:
-                return folded
+                return self._with_upstream_usage(folded, deadline)
             time.sleep(0.05)
+
+    def _with_upstream_usage(self, calls: list[ModelCall], deadline: float) -> list[ModelCall]:
+        """Each call's tokens as its provider counted them (the tap's records), cost re-priced on them.
+        The tap writes its record as the stream ends, just after litellm may have logged the success:
+        wait (until ``deadline``) for the record of every successful call to a tapped model."""
+        from saasbench.runs.upstream import read_lines
+
+        while True:
+            by_call: dict[str, list[dict[str, Any]]] = {}
+            for line in read_lines(self.upstream_log):
+                if line.get("call_id"):
+                    by_call.setdefault(str(line["call_id"]), []).append(line)
+            waiting = [
+                c
+                for c in calls
+                if c.status == "success"
+                and c.model_group in self._tapped
+                and not any(isinstance(x.get("status"), int) and x["status"] < 400 for x in by_call.get(c.call_id, []))
+            ]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        out = []
+        for call in calls:
+            if call.api_base:  # the provider's URL, not the tap's
+                base = call.api_base.rstrip("/")
+                for tap_url, real in self._tap_bases.items():
+                    if base == tap_url or base.startswith(tap_url + "/"):
+                        call = call.model_copy(update={"api_base": real.rstrip("/") + base[len(tap_url) :]})
+                        break
+            seen = by_call.get(call.call_id)
+            if not seen:
+                out.append(call)
+                continue
+            errors = [str(x["error"]) for x in seen if x.get("error")]
+            ok = [x for x in seen if isinstance(x.get("status"), int) and x["status"] < 400 and not x.get("error")]
+            update: dict[str, Any] = {"upstream_errors": errors}
+            if call.status == "success" and ok:
+                last = ok[-1]
+                if last.get("usage_reported"):
+                    prompt, completion = int(last.get("prompt_tokens") or 0), int(last.get("completion_tokens") or 0)
+                    if (prompt, completion) != (call.prompt_tokens, call.completion_tokens):
+                        update["cost_usd"] = self._price(call, prompt, completion)
+                    update.update(prompt_tokens=prompt, completion_tokens=completion, usage_source="upstream")
+                else:  # the provider reported none: the tap's count of the text, flagged
+                    prompt = int(last.get("estimated_prompt_tokens") or call.prompt_tokens)
+                    completion = int(last.get("estimated_completion_tokens") or call.completion_tokens)
+                    if (prompt, completion) != (call.prompt_tokens, call.completion_tokens):
+                        update["cost_usd"] = self._price(call, prompt, completion)
+                    update.update(prompt_tokens=prompt, completion_tokens=completion, usage_source="estimate")
+            out.append(call.model_copy(update=update))
+        return out
+
+    def _price(self, call: ModelCall, prompt: int, completion: int) -> float:
+        """The call's cost on the provider's token counts: the configured prices, else litellm's cost map,
+        else litellm's figure scaled by the token ratio."""
+        model = next((m for m in self.config.models if call.model_group in (m.name, *m.aliases)), None)
+        if model is not None and model.input_cost_per_token is not None and model.output_cost_per_token is not None:
+            return prompt * model.input_cost_per_token + completion * model.output_cost_per_token
+        try:
+            import litellm
+
+            p, c = litellm.cost_per_token(
+                model=call.provider_model or "", prompt_tokens=prompt, completion_tokens=completion
+            )
+            return float(p + c)
+        except Exception:  # noqa: BLE001 - a model the offline cost map does not know
+            total = call.prompt_tokens + call.completion_tokens
+            return call.cost_usd * (prompt + completion) / total if total else call.cost_usd
 
 
 # --- a TCP relay: containers reach the proxy through the trial network's gateway address ---------------------

@@ -17,6 +17,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from saasbench.runs.gateway import LLM_ROUTES
 from saasbench.runs.gateway import key_trial as _key_trial
+from saasbench.runs.upstream import CALL_HEADER
 
 CALLS_PATH = os.environ["SAASBENCH_GATEWAY_CALLS"]
 _SECRET = os.environ["SAASBENCH_GATEWAY_SECRET"].encode()
@@ -95,6 +96,14 @@ def _status(exc):
 
 
 class Logger(CustomLogger):
+    async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+        """Name the call on the provider request (the upstream tap keys the provider's usage by it)."""
+        call_id = data.get("litellm_call_id") if isinstance(data, dict) else None
+        if call_id:
+            headers = data.get("extra_headers")
+            data["extra_headers"] = {**(headers if isinstance(headers, dict) else {}), CALL_HEADER: str(call_id)}
+        return data
+
     async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
         try:
             slo = kwargs.get("standard_logging_object") or {}
