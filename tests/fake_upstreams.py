@@ -49,6 +49,7 @@ class _Upstream:
         self.fail_next: list[int] = []  # HTTP statuses to answer the next requests with
         self.down = False  # refuse every request with a 503
         self.hang_next: list[float] = []  # seconds to stay silent before answering the next requests
+        self.hang_mid_stream_next: list[float] = []  # seconds to stay silent after a stream's first event
         self.report_usage = True  # False: answers carry no usage (as some local servers' streams)
         self._closing = threading.Event()
         self._lock = threading.Lock()
@@ -130,10 +131,14 @@ class _Upstream:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Connection", "close")
                 self.end_headers()
-                for name, data in events:
+                for i, (name, data) in enumerate(events):
                     payload = data if isinstance(data, str) else json.dumps(data)
                     head = f"event: {name}\n" if name else ""
                     self.wfile.write(f"{head}data: {payload}\n\n".encode())
+                    if i == 0 and getattr(self, "mid_hang", 0.0):
+                        self.wfile.flush()
+                        if up._closing.wait(self.mid_hang):
+                            return
                 self.wfile.flush()
                 self.close_connection = True
 
@@ -163,6 +168,7 @@ class _Upstream:
                     up.requests.append(entry)
                     fail = up.fail_next.pop(0) if up.fail_next else (503 if up.down else None)
                     hang = up.hang_next.pop(0) if up.hang_next else 0.0
+                    self.mid_hang = up.hang_mid_stream_next.pop(0) if up.hang_mid_stream_next else 0.0
                 if hang and up._closing.wait(hang):
                     return
                 if not self.path.split("?")[0].rstrip("/").endswith(up.route):

@@ -261,3 +261,28 @@ def test_the_lake_holds_the_upstreams_counts_and_flags_estimates(bridge, ups, tm
     assert [(r["tokens_in"], r["tokens_out"]) for r in rows[:1]] == up.served[served0:]
     assert [(r["usage_source"], r["usage_estimated"]) for r in rows] == [("upstream", False), ("estimate", True)]
     assert {r["api_base"] for r in rows} == {up.base_url}  # the provider's URL, not the tap's
+
+
+def test_a_stream_that_stalls_midway_is_cut_off_and_recorded_as_failed(bridge, ups) -> None:
+    up = ups["chat"]
+    access = bridge.for_trial("tt.stall.mid")
+    up.hang_mid_stream_next = [30.0]
+    t0 = time.monotonic()
+    try:
+        with httpx.stream(
+            "POST",
+            bridge.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {access.api_key}"},
+            json={"model": "up-chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=60,
+        ) as r:
+            body = b"".join(r.iter_raw())
+    except httpx.HTTPError as exc:  # the proxy may cut the connection itself
+        body = repr(exc).encode()
+    finally:
+        up.hang_mid_stream_next = []
+    assert time.monotonic() - t0 < 30
+    assert b"[DONE]" not in body or b"error" in body
+    (call,) = access.calls()
+    assert call.status == "failure", call
+    assert any(e.startswith("stalled") for e in call.upstream_errors)
