@@ -449,8 +449,49 @@ def test_write_twice_leaves_one_copy(lake, real):
     assert L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist() == [
         {"message": "second run"}
     ]
-    parts = [k for k in lake.list("") if k.endswith(".parquet")]
-    assert len(parts) == len(c3.files) and set(c3.deleted) == {f["key"] for f in c1.files}
+    # the superseded files stay until they are old (a concurrent writer's files look the same), and
+    # are never read: vacuum collects them
+    parts = {k for k in lake.list("") if k.endswith(".parquet")}
+    assert parts == {f["key"] for f in c3.files + c1.files} and c3.deleted == []
+    assert set(L.vacuum(lake, older_than_s=0)) == {f["key"] for f in c1.files}
+    assert {k for k in lake.list("") if k.endswith(".parquet")} == {f["key"] for f in c3.files}
+
+
+def test_two_writers_of_one_trial_at_once_leave_every_listed_file(lake, real):
+    """The same sweep run twice at once: writer A has put its files and not yet its marker when
+    writer B commits the same trial with other rows. B's clean-up used to delete A's files, and A's
+    marker then listed missing files (issue #17: every query of the lake failed)."""
+    import threading
+
+    at_marker, go_on = threading.Event(), threading.Event()
+
+    def pause(event: str, key: str) -> None:
+        if event == "before_marker":
+            at_marker.set()
+            assert go_on.wait(30)
+
+    errors: list[BaseException] = []
+
+    def writer_a() -> None:
+        try:
+            L.write_trial(lake, rows_for(real, messages={"README_EXISTS": "run A"}), hook=pause)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    a = threading.Thread(target=writer_a)
+    a.start()
+    assert at_marker.wait(30)
+    L.write_trial(lake, rows_for(real, messages={"README_EXISTS": "run B"}))  # B: files, marker, clean-up
+    go_on.set()
+    a.join(30)
+    assert not errors
+    from saasbench.lake.writer import read_marker, trial_marker_key
+
+    marker = read_marker(lake, trial_marker_key("sw-1", "tr-1"))
+    present = set(lake.list(""))
+    assert all(f["key"] in present for f in marker["files"])  # A's marker won and its files are all there
+    rows = L.query(lake, "SELECT message FROM node_results WHERE node_id = 'README_EXISTS'").to_pylist()
+    assert rows == [{"message": "run A"}]
 
 
 # --- crashes ---------------------------------------------------------------------------------------------

@@ -9,14 +9,14 @@ sweep row, or one reference validation run. Writing a unit:
 3. puts every part file (each put atomic);
 4. puts the commit marker ``_commits/...json`` listing keys and row counts (one atomic object:
    the moment of commit);
-5. deletes part files of the unit that the new marker does not list (a previous write with
-   other rows or more tables, or files of a write that crashed before its marker).
+5. deletes part files of the unit that no marker lists (a previous write with other rows or
+   more tables, or files of a write that crashed before its marker) once they are older than
+   :data:`STALE_AFTER_S`: a younger file may be a concurrent writer's, put before its marker.
 
 Readers build their file lists from markers only, so a crash before step 4 leaves the previous
 version (or nothing) visible, never a partial unit; a rewrite with different rows switches from the
-old file set to the new one in step 4. One writer per unit at a time (the orchestrator runs a
-trial once at a time); concurrent readers of a unit being rewritten may see a missing-file error
-after step 5, never mixed rows.
+old file set to the new one in step 4. Two writers of one unit at once (the same sweep run twice) are safe: the
+last marker wins and every file a marker lists stays, since step 5 never deletes young files.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -85,6 +86,11 @@ def sweep_marker_key(sweep_id: str) -> str:
 
 def validation_marker_key(task_id: str, run_id: str) -> str:
     return f"{COMMITS}/_validations/task_id={S.check_id(task_id, 'task_id')}/run_id={S.check_id(run_id, 'run_id')}.json"
+
+
+#: A part file no marker lists is deleted only once it is this old (seconds): younger ones may belong
+#: to a write in flight (its files are put before its marker). ``vacuum``'s default is the same.
+STALE_AFTER_S = 3600.0
 
 
 def _part_dir(table: str, ids: Mapping[str, str]) -> str:
@@ -182,7 +188,6 @@ def _commit(
         }
         for name, tbl, data in built
     ]
-    old = read_marker(store, marker_key)
 
     for f, (_name, _tbl, data) in zip(files, built):
         if hook:
@@ -200,15 +205,20 @@ def _commit(
     }
     store.put(marker_key, json.dumps(marker, sort_keys=True).encode())
 
-    # clean up: files of earlier writes of this unit that the new marker does not list
-    keep = {f["key"] for f in files}
-    stale = {f["key"] for f in (old or {}).get("files", []) if f.get("key") not in keep}
+    # clean up: files of this unit that no marker lists any more (earlier writes, crashed writes), but
+    # only those older than STALE_AFTER_S: a younger file may belong to a concurrent writer of the same
+    # unit (the same sweep run twice at once) whose marker is not written yet, and deleting it would
+    # leave that marker listing a missing file. What is spared here goes at the next write or vacuum.
+    current = read_marker(store, marker_key) or marker  # ours, or a concurrent writer's newer one
+    keep = {f["key"] for f in files} | {f.get("key") for f in current.get("files", [])}
+    cutoff = time.time() - STALE_AFTER_S
+    stale = set()
     unit_tables = [n for n, t in S.TABLES.items() if t.unit == unit["unit"]]
     for name in unit_tables:
         d = _part_dir(name, ids_for_partition) + "/"
-        for key in store.list(d + f"part-{file_id}."):
+        for key, mtime in store.list_info(d + f"part-{file_id}."):
             m = _PART_RE.match(key[len(d) :])
-            if m and m.group("id") == file_id and key not in keep:
+            if m and m.group("id") == file_id and key not in keep and mtime <= cutoff:
                 stale.add(key)
     if stale:
         store.delete(sorted(stale))
@@ -286,7 +296,7 @@ def is_committed(lake: Store | str, sweep_id: str, trial_id: str) -> bool:
 def vacuum(
     lake: Store | str,
     *,
-    older_than_s: float = 3600.0,
+    older_than_s: float = STALE_AFTER_S,
     dry_run: bool = False,
     objects: bool = False,
     objects_older_than_s: float = 7 * 86400.0,
@@ -302,7 +312,6 @@ def vacuum(
     gone) and that are older than ``objects_older_than_s`` (default a week: a trial freezes its end
     state before its evaluation and commits the row after it). An ``end_states`` file that cannot
     be read stops the object sweep before anything is deleted."""
-    import time
 
     store = lake_from_uri(lake)
     markers = list_commits(store)
