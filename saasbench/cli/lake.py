@@ -1,4 +1,4 @@
-"""``saasbench lake compact|merge|vacuum``: maintain the results lake.
+"""``saasbench lake compact|merge|vacuum|check|repair``: maintain the results lake.
 
 Heavy imports (the lake's batch writer, DuckDB) happen inside the commands.
 """
@@ -15,7 +15,10 @@ from saasbench.cli.common import LakeOption
 from saasbench.cli.common import console as _console
 from saasbench.cli.common import fail as _fail
 
-lake_app = typer.Typer(help="Maintain the results lake: compact small files, vacuum orphans.", no_args_is_help=True)
+lake_app = typer.Typer(
+    help="Maintain the results lake: compact small files, vacuum orphans, check and repair damage.",
+    no_args_is_help=True,
+)
 
 
 @lake_app.command("compact")
@@ -122,3 +125,62 @@ def vacuum_cmd(
     for k in keys:
         console.print(escape(k), highlight=False)
     console.print(f"{len(keys)} orphan file(s) {'found' if dry_run else 'deleted'}")
+
+
+@lake_app.command("check")
+def check_cmd(lake: LakeOption = None) -> None:
+    """Read every commit marker and every file they list; print each problem on one line.
+
+    Exit 0 when the lake is sound, 1 when it has problems (then run `saasbench lake repair`).
+
+    Example: saasbench lake check --lake s3://results/saasbench
+    """
+    from saasbench.lake.check import check_lake
+
+    lake = settings.lake_uri(lake)
+    try:
+        report = check_lake(lake)
+    except Exception as exc:  # noqa: BLE001 - store errors become one line, exit 2
+        raise _fail(f"cannot check the lake {lake}: {type(exc).__name__}: {exc}") from None
+    console = _console()
+    for p in report.problems:
+        console.print(escape(p.line()), highlight=False)
+    console.print(
+        f"{report.markers} marker(s), {report.files} file(s): "
+        + ("sound" if report.ok else f"{len(report.problems)} problem(s); fix with `saasbench lake repair`")
+    )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@lake_app.command("repair")
+def repair_cmd(
+    lake: LakeOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be done, change nothing")] = False,
+) -> None:
+    """Fix what `lake check` finds without losing anything still readable: rebuild garbage markers
+    from their files, take units whose files are gone out of the lake (their markers kept under
+    _damaged/; the next run of the sweep commits those trials again from their stage checkpoints),
+    drop damaged files from batch markers.
+
+    Example: saasbench lake repair --lake runs/lake
+    """
+    from saasbench.lake.check import repair_lake
+
+    lake = settings.lake_uri(lake)
+    try:
+        report, result = repair_lake(lake, dry_run=dry_run)
+        if result.restorable and not dry_run:
+            from saasbench.lake.store import lake_from_uri
+            from saasbench.runs.rescore import reseed_repaired
+
+            result.seeded = reseed_repaired(lake_from_uri(lake), result.restorable)
+    except Exception as exc:  # noqa: BLE001 - store errors become one line, exit 2
+        raise _fail(f"cannot repair the lake {lake}: {type(exc).__name__}: {exc}") from None
+    console = _console()
+    for p in report.problems:
+        console.print(escape(p.line()), highlight=False)
+    lines = result.lines()
+    for line in lines:
+        console.print(("would: " if dry_run else "") + escape(line), highlight=False)
+    console.print(f"{len(report.problems)} problem(s), {len(lines)} action(s){' (dry run)' if dry_run else ''}")

@@ -38,7 +38,7 @@ import pyarrow as pa
 from saasbench import settings
 from saasbench.lake import schema as S
 from saasbench.lake.snapshot import UNIT_COLUMNS, Snapshot, snapshot
-from saasbench.lake.store import Store, lake_from_uri
+from saasbench.lake.store import LakeStoreError, Store, lake_from_uri
 
 #: The relation listing sweeps whose node_rollups are incomplete (see Snapshot.rollups_missing)
 ROLLUPS_MISSING = "_saasbench_rollups_missing"
@@ -263,12 +263,45 @@ def query(
     *,
     sweep_id: str | None = None,
 ) -> pa.Table:
-    """Run ``sql`` over the lake's views; ``params`` bind ``?`` / ``$name`` placeholders."""
-    con = connect(lake, sweep_id=sweep_id)
-    try:
-        return _arrow(con.execute(sql, params) if params is not None else con.execute(sql))
-    finally:
-        con.close()
+    """Run ``sql`` over the lake's views; ``params`` bind ``?`` / ``$name`` placeholders.
+
+    A file that vanished under the query (a concurrent compaction deleted what it merged) is read
+    again from a fresh snapshot, once; a file still missing or unreadable then is damage:
+    :class:`LakeDamaged` names it and the repair command."""
+    for attempt in (0, 1):
+        con = None
+        try:
+            con = connect(lake, sweep_id=sweep_id)  # binding the views reads file footers
+            return _arrow(con.execute(sql, params) if params is not None else con.execute(sql))
+        except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+            if not _is_file_error(exc):
+                raise  # the query's own error (e.g. a bad cast), not the lake's
+            if attempt == 0:
+                continue
+            raise LakeDamaged(
+                f"the lake {lake_from_uri(lake).uri} has a missing or damaged file: {_first_line(exc)}; run "
+                "`saasbench lake check` and `saasbench lake repair`"
+            ) from exc
+        finally:
+            if con is not None:
+                con.close()
+    raise AssertionError("unreachable")
+
+
+class LakeDamaged(LakeStoreError):
+    """A committed file is missing or unreadable: `saasbench lake repair` fixes the lake."""
+
+
+def _is_file_error(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, duckdb.IOException) or any(
+        s in text for s in ("magic bytes", "Parquet", "parquet", "too small", "No files found")
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
 
 
 Format = Literal["table", "csv", "json"]

@@ -64,18 +64,32 @@ def unit_key(m: dict[str, Any]) -> UnitKey | None:
     return cast(UnitKey, (kind, *vals))  # checked above: a known kind and non-empty str values
 
 
-def parse_marker(key: str, data: bytes | None) -> dict[str, Any] | None:
-    """A marker's JSON, or None when absent, damaged or not ours (never half-read)."""
+def marker_problem(data: bytes | None) -> str | None:
+    """Why these bytes are not a usable commit marker (None: they are)."""
     if data is None:
-        return None
+        return "missing"
     try:
         m = json.loads(data)
-    except ValueError:
+    except ValueError as exc:
+        return f"not JSON ({exc})"
+    if not isinstance(m, dict) or m.get("format") != MARKER_FORMAT:
+        return f"not a {MARKER_FORMAT} marker"
+    if not isinstance(m.get("files"), list):
+        return "no file list"
+    if m.get("unit") == "batch":
+        if not isinstance(m.get("units"), list):
+            return "a batch marker without its unit list"
+    elif unit_key(m) is None:
+        return "no valid unit (unit kind and ids)"
+    return None
+
+
+def parse_marker(key: str, data: bytes | None) -> dict[str, Any] | None:
+    """A marker's JSON, or None when absent, damaged or not ours (never half-read)."""
+    if marker_problem(data) is not None:
         return None
-    if not isinstance(m, dict) or m.get("format") != MARKER_FORMAT or not isinstance(m.get("files"), list):
-        return None
-    if m.get("unit") == "batch" and not isinstance(m.get("units"), list):
-        return None
+    assert data is not None
+    m: dict[str, Any] = json.loads(data)
     m["marker"] = key
     return m
 
@@ -85,9 +99,12 @@ def read_marker_key(store: Store, key: str) -> dict[str, Any] | None:
     return parse_marker(key, store.get(key))
 
 
-def read_markers(store: Store, *, sweep_id: str | None = None) -> list[dict[str, Any]]:
+def read_markers(
+    store: Store, *, sweep_id: str | None = None, damaged: list[tuple[str, str]] | None = None
+) -> list[dict[str, Any]]:
     """Every marker of the lake; with ``sweep_id``: that sweep's unit markers, the validation
-    markers and the batches that hold any of them."""
+    markers and the batches that hold any of them. Markers that cannot be parsed are skipped and,
+    with ``damaged``, appended to it as (key, why)."""
     if sweep_id is None:
         keys = store.list(f"{COMMITS}/")
     else:
@@ -101,6 +118,8 @@ def read_markers(store: Store, *, sweep_id: str | None = None) -> list[dict[str,
     for key, data in store.get_many(keys).items():
         m = parse_marker(key, data)
         if m is None:
+            if damaged is not None and data is not None:
+                damaged.append((key, marker_problem(data) or "unreadable"))
             continue
         if (
             sweep_id is not None
@@ -151,6 +170,8 @@ class Snapshot:
     # sweeps with a serving source that has node_results but no node_rollups (written before
     # rollups existed): readers roll those sweeps up from their node rows
     rollups_missing: set[str] = field(default_factory=set)
+    # markers that could not be parsed, (key, why): their units are invisible until `lake repair`
+    damaged: list[tuple[str, str]] = field(default_factory=list)
 
     def units(self, kind: str, *, sweep_id: str | None = None) -> list[UnitKey]:
         """Live (not deleted) units of a kind, optionally of one sweep."""
@@ -260,6 +281,26 @@ def _lacks_rollups(marker: dict[str, Any]) -> bool:
     return "node_results" in tables and "node_rollups" not in tables
 
 
+class LakeDamagedWarning(UserWarning):
+    """The lake has commit markers that cannot be read: their units are missing from every view."""
+
+
 def snapshot(store: Store, *, sweep_id: str | None = None) -> Snapshot:
-    """Read the markers (of one sweep, or all) and resolve them."""
-    return resolve(read_markers(store, sweep_id=sweep_id))
+    """Read the markers (of one sweep, or all) and resolve them. Unreadable markers are loud: a
+    :class:`LakeDamagedWarning` names them (their units are missing until ``saasbench lake repair``)."""
+    damaged: list[tuple[str, str]] = []
+    snap = resolve(read_markers(store, sweep_id=sweep_id, damaged=damaged))
+    snap.damaged = damaged
+    if damaged:
+        import warnings
+
+        first = ", ".join(f"{k} ({why})" for k, why in damaged[:3])
+        warnings.warn(
+            LakeDamagedWarning(
+                f"lake {store.uri}: {len(damaged)} commit marker(s) cannot be read and their rows are missing "
+                f"from every query: {first}{' ...' if len(damaged) > 3 else ''}; run `saasbench lake check` "
+                "and `saasbench lake repair`"
+            ),
+            stacklevel=2,
+        )
+    return snap

@@ -42,7 +42,7 @@ from saasbench.lake.snapshot import (
     read_markers,
     snapshot,
 )
-from saasbench.lake.store import Store, lake_from_uri
+from saasbench.lake.store import LakeStoreError, Store, lake_from_uri
 
 _PART_RE = re.compile(r"^part-(?P<id>.+)\.(?P<gen>[0-9a-f]{16})\.parquet$")
 
@@ -314,7 +314,13 @@ def vacuum(
     be read stops the object sweep before anything is deleted."""
 
     store = lake_from_uri(lake)
-    markers = list_commits(store)
+    damaged: list[tuple[str, str]] = []
+    markers = read_markers(store, damaged=damaged)
+    if damaged:  # their files are listed by nothing readable: vacuum would delete a unit's only copy
+        raise LakeStoreError(
+            f"{len(damaged)} commit marker(s) cannot be read (e.g. {damaged[0][0]}: {damaged[0][1]}): vacuum "
+            "would delete the files they list; run `saasbench lake repair` first"
+        )
     listed = {f["key"] for m in markers for f in m["files"]}
     cutoff = time.time() - older_than_s
     orphans = [

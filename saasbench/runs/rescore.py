@@ -21,13 +21,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saasbench.failures import HarnessError
+
+if TYPE_CHECKING:
+    from saasbench.runs.stages import Checkpoints
+
+log = logging.getLogger(__name__)
 
 
 class RescoreError(ValueError):
@@ -68,7 +74,7 @@ def rescore(
     (or mapping) replacing the parent's judge; ``dag``: a DAG file replacing each task's DAG."""
     from saasbench import lake as lakelib
     from saasbench import settings
-    from saasbench.runs import endstate, stages
+    from saasbench.runs import stages
     from saasbench.runs.sweep import SweepSpec, TrialSpec, id_part, record_failure
     from saasbench.services import limits
 
@@ -145,13 +151,7 @@ def rescore(
             attempt=row["attempt"] or 0,
         )
         run = stages.TrialRun(trial=trial, spec=spec, store=store, say=say)
-        ck = run.checkpoints
-        ck.clear()  # a rescore of this trial that died half way: start it again
-        ck.save("build_env", {"backend": es["backend"], "images": {}, "rescore_of": parent_sweep_id})
-        ck.save("rollout", endstate.load_record(store, es["rollout_key"]))
-        ck.save("freeze", {"manifest_key": es["manifest_key"], "backend": es["backend"]})
-        if judge_only:
-            ck.save("evaluate", endstate.load_record(store, es["evaluation_key"]))
+        seed_checkpoints(run.checkpoints, store, es, with_evaluation=judge_only, origin={"rescore_of": parent_sweep_id})
         say(f"{trial.label}: {'judging' if judge_only else 'restoring and evaluating'}")
         try:
             with limits.environment_slot():
@@ -177,3 +177,35 @@ def _load_dag(path: str | Path | None) -> tuple[Any, str | None]:
     except (OSError, DagLoadError) as exc:
         raise RescoreError(f"--dag {p}: {exc}") from exc
     return loaded.dag, hashlib.sha256(raw).hexdigest()
+
+
+def seed_checkpoints(
+    ck: Checkpoints, store: Any, es: dict[str, Any], *, with_evaluation: bool, origin: dict[str, Any] | None = None
+) -> None:
+    """Seed a trial's stage checkpoints from its frozen end state (its ``end_states`` row): the built
+    environment, the rollout record, the freeze and, ``with_evaluation``, the evaluation record. The
+    stages then go on from there without running the agent (a rescore; a trial `lake repair` took out)."""
+    from saasbench.runs import endstate
+
+    ck.clear()  # whatever a half-finished earlier attempt left
+    ck.save("build_env", {"backend": es["backend"], "images": {}, **(origin or {"seeded_from": es["manifest_key"]})})
+    ck.save("rollout", endstate.load_record(store, es["rollout_key"]))
+    ck.save("freeze", {"manifest_key": es["manifest_key"], "backend": es["backend"]})
+    if with_evaluation and es.get("evaluation_key"):
+        ck.save("evaluate", endstate.load_record(store, es["evaluation_key"]))
+
+
+def reseed_repaired(store: Any, restorable: list[tuple[str, str, dict[str, Any]]]) -> list[tuple[str, str]]:
+    """After ``lake repair`` took trials out: seed each one whose end state survives so the next run of
+    its sweep commits it again from its records. Returns the (sweep_id, trial_id) seeded."""
+    from saasbench.runs import stages
+
+    done = []
+    for sweep_id, trial_id, es in restorable:
+        try:
+            seed_checkpoints(stages.Checkpoints(store, sweep_id, trial_id), store, es, with_evaluation=True)
+        except Exception as exc:  # noqa: BLE001 - a missing record: the trial is simply run again
+            log.warning("cannot seed %s of %s from its end state: %s", trial_id, sweep_id, exc)
+            continue
+        done.append((sweep_id, trial_id))
+    return done
