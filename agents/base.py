@@ -26,7 +26,10 @@ if TYPE_CHECKING:
     from saasbench.catalog.tasks import Task
     from saasbench.environments.local import Environment
 
-ExitReason = Literal["completed", "agent_timeout", "agent_budget_exceeded", "agent_error"]
+#: ``model_error``: the agent stopped because its model upstream failed (connection refused or reset, timeout,
+#: HTTP 408/429/5xx) after its retries -- an infrastructure outcome the harness retries with a fresh rollout
+#: (:mod:`saasbench.runs.outages`), never the agent's score. The other four are the agent's own.
+ExitReason = Literal["completed", "agent_timeout", "agent_budget_exceeded", "agent_error", "model_error"]
 #: How a file-writing tool's arguments carry what it wrote (the anti-cheat scanner reads them,
 #: :func:`saasbench.agents.anticheat.file_writes`): ``write`` a whole file (``path``/``file_path`` and
 #: ``content``); ``edit`` part of one (``new``/``new_string``/``new_str``); ``multiedit`` (``edits[].new_string``);
@@ -129,7 +132,8 @@ class Agent(ABC):
     @abstractmethod
     def run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:
         """Work in ``env`` until done or out of budget. Must not raise for the agent's own
-        failures: they are ``exit_reason`` agent_error/agent_timeout/agent_budget_exceeded."""
+        failures: they are ``exit_reason`` agent_error/agent_timeout/agent_budget_exceeded (model_error when the
+        model upstream failed under it)."""
 
     def app_start_command(self, task: Task) -> str | None:
         """The command the trial starts the app with (default: the task's ``app.start_command``)."""

@@ -23,8 +23,12 @@ model, not fatal. The evaluation runs on whatever state the workspace is left in
 Transient model errors (HTTP 408/409/425/429/5xx incl. 529, timeouts, connection resets and
 dropped connections) are retried up to ``retries`` (5) times with exponential backoff
 ``backoff_base_s * 2**i`` capped at ``backoff_cap_s`` (10 s and 60 s by default, the paper's
-Appendix B.1; a larger ``Retry-After`` wins, still capped). A non-transient error, or a
-transient one that outlives its retries, ends the rollout with ``agent_error``.
+Appendix B.1; a larger ``Retry-After`` wins, still capped); through the model gateway the agent
+does not retry (the gateway did). A transient error that outlives its retries, or whose backoff
+would outlast the wall clock, ends the rollout with ``model_error``: the model upstream failed, an
+infrastructure outcome the harness retries with a fresh rollout (:mod:`saasbench.runs.outages`). A
+non-transient error (400, 401, 403, 404, 413, 422: the request or the configuration) ends it with
+``agent_error``; a wall clock that runs out during a model call with ``agent_timeout``.
 
 A reply without tool calls is answered with a nudge (use the tools, call ``finish``); after
 ``max_idle_turns`` such replies in a row the rollout ends ``completed``.
@@ -360,13 +364,17 @@ class BuiltinAgent(Agent):
                 if not err.transient:
                     raise _Stop("agent_error", f"model call failed (not retried): {text}") from None
                 if attempts > (0 if self.gateway is not None else self.retries):
-                    raise _Stop("agent_error", f"model call failed after {attempts} attempt(s): {text}") from None
+                    # an outage, not the agent's doing: the harness reruns the rollout (saasbench.runs.outages)
+                    raise _Stop(
+                        "model_error", f"model upstream failed after {attempts} attempt(s) of this agent: {text}"
+                    ) from None
                 wait = self._backoff(attempts - 1, err.retry_after)
                 traj.event("retry", text[:EVENT_TEXT_LIMIT], attempt=attempts, wait_s=round(wait, 3))
                 if traj.elapsed() + wait >= budget.wall_s:
                     raise _Stop(
-                        "agent_timeout",
-                        f"wall-clock budget of {budget.wall_s:g}s would run out while backing off ({text})",
+                        "model_error",
+                        f"model upstream failed and the wall-clock budget of {budget.wall_s:g}s would run out "
+                        f"while backing off ({text})",
                     ) from None
                 self._sleep(wait)
                 continue

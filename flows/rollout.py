@@ -1,5 +1,6 @@
 """Rollout stage: the agent's run, integrity hashes and anti-cheat scan. An agent outcome is never retried;
-a retry (the environment failed under the agent) provisions a fresh environment first."""
+a retry (the environment failed under the agent, or the model upstream did: ``ModelError``, see
+``saasbench.runs.outages``) provisions a fresh environment first and runs the agent again."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Failure taxonomy (ARCHITECTURE.md): exceptions that carry the trial ``outcome`` they stand for.
 
 Raised where the failure happens, so the outcome is never guessed later. Only infrastructure
-failures (:class:`EnvError`, :class:`JudgeError`) are ``retryable``; agent outcomes never are
-(a retry would bias the score) and a :class:`TaskDefect` would fail the same way again.
+failures (:class:`EnvError`, :class:`JudgeError`, :class:`ModelError`) are ``retryable``; agent
+outcomes never are (a retry would bias the score) and a :class:`TaskDefect` would fail the same way
+again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ class JudgeError(HarnessError):
     """A transient judge / model-API failure during evaluation."""
 
     outcome = "judge_error"
+    retryable = True
+
+
+class ModelError(HarnessError):
+    """The agent's model upstream failed (connection refused or reset, timeout, HTTP 408/429/5xx/529) after
+    the retries of the gateway or of the agent, and the agent stopped on it: infrastructure, like a judge
+    outage. Retried with a fresh rollout; still failing, the trial is ``model_error`` (not scored)."""
+
+    outcome = "model_error"
     retryable = True
 
 
@@ -68,7 +78,16 @@ class VoidedCheat(AgentError):
 
 BY_OUTCOME: dict[str, type[HarnessError]] = {
     cls.outcome: cls
-    for cls in (EnvError, JudgeError, TaskDefect, AgentError, AgentTimeout, AgentBudgetExceeded, VoidedCheat)
+    for cls in (
+        EnvError,
+        JudgeError,
+        ModelError,
+        TaskDefect,
+        AgentError,
+        AgentTimeout,
+        AgentBudgetExceeded,
+        VoidedCheat,
+    )
 }
 
 

@@ -59,6 +59,7 @@ MODULE_MARKS = {
     "test_stages": ("slow",),
     "test_rescore": ("slow",),
     "test_endstate": ("slow",),
+    "test_model_outages": ("slow",),  # a LiteLLM gateway and whole trials with outages
     "test_base_install": ("slow", "prefect"),  # a fresh venv and `pip install -e .` (from pip's cache)
 }
 # single tests of otherwise quick modules (every parametrisation of the function)

@@ -130,9 +130,10 @@ def test_429_and_500_bursts_are_retried(llm: FakeLLM, env: LocalEnvironment) -> 
 
 
 def test_transient_errors_give_up_after_five_retries(llm: FakeLLM, env: LocalEnvironment) -> None:
+    """Still failing after the retries: the model upstream is down, an infrastructure outcome (model_error)."""
     llm.queue(*[Reply.error(500)] * 7)
     traj = agent_for(llm).run("x", env, Budget())
-    assert traj.exit_reason == "agent_error" and "after 6 attempt" in (traj.error or "")
+    assert traj.exit_reason == "model_error" and "after 6 attempt" in (traj.error or "")
     assert len(llm.chat_requests) == 6  # the first attempt and 5 retries
 
 

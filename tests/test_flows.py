@@ -278,3 +278,51 @@ def test_trial_flow_runs_each_stage_as_a_named_task_and_retries_only_the_failed_
     assert all(n.startswith("timetrack/oracle/none#0 · ") for n in by_name if " · " in n)
     assert by_name["timetrack/oracle/none#0 · evaluate"].run_count == 2  # retried: one failure, one success
     assert by_name["timetrack/oracle/none#0 · rollout"].run_count == 1
+
+
+def test_trial_flow_reruns_a_rollout_the_model_upstream_broke(tmp_path, monkeypatch):
+    """The Prefect path of a model outage: the built-in agent's model answers 503 through the agent's own
+    retries (its first six answers), so the rollout ends model_error; Prefect retries the rollout task, which
+    provisions a fresh environment and runs the agent again; the model is back and the trial completes."""
+    from fake_llm import FakeLLM, Reply
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    finish = {"id": "f", "type": "function", "function": {"name": "finish", "arguments": '{"summary": "done"}'}}
+    answers = {"n": 0}
+
+    def respond(request):
+        answers["n"] += 1
+        if answers["n"] <= 6:  # the first call and the agent's five retries
+            return Reply.error(503, "overloaded")
+        return Reply.with_message(
+            {"role": "assistant", "content": "", "tool_calls": [finish]}, finish_reason="tool_calls"
+        )
+
+    workspaces: list[str] = []
+    real_rollout = trial_mod.rollout_in
+
+    def counting(env, task, agent, budget, **kw):
+        workspaces.append(env.workspace_path)
+        return real_rollout(env, task, agent, budget, **kw)
+
+    monkeypatch.setattr(trial_mod, "rollout_in", counting)
+    monkeypatch.setenv("SAASBENCH_AGENT_BACKOFF_BASE_S", "0.01")
+    monkeypatch.setenv("SAASBENCH_AGENT_BACKOFF_CAP_S", "0.02")
+    with FakeLLM(responder=respond) as llm:
+        monkeypatch.setenv("SAASBENCH_AGENT_API_BASE", llm.base_url)
+        spec = sweep_dict(tmp_path, "flow-model", agents=["builtin"], models=["openai/fake"])
+        state = trial_flow(
+            task="timetrack", agent="builtin", model="openai/fake", sweep=spec, retry_delays=[0], return_state=True
+        )
+    assert state.result() == "completed" and answers["n"] == 7
+    assert len(workspaces) == 2 and workspaces[0] != workspaces[1]  # a fresh environment for the second rollout
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        )
+    by_name = {t.name: t for t in task_runs}
+    assert by_name["timetrack/builtin/openai/fake#0 · rollout"].run_count == 2
+    rows = lakelib.query(spec["lake"], "SELECT outcome, valid FROM trials").to_pylist()
+    assert rows == [{"outcome": "completed", "valid": True}]
+    events = lakelib.query(spec["lake"], "SELECT content FROM trajectory_events WHERE kind = 'model_error'").to_pylist()
+    assert len(events) == 1 and "model upstream failed after 6 attempt(s)" in events[0]["content"]

@@ -123,7 +123,7 @@ def render_report(console: Console, report: SweepReport) -> None:
 
     console.print(
         "[dim]Pass@1 = mean over tasks of the task score (mean over attempts first); valid trials exclude "
-        "env_error, judge_error, task_defect; 'all' counts those as 0.[/]"
+        "env_error, judge_error, model_error, task_defect; 'all' counts those as 0.[/]"
     )
     if report.unknown_categories:
         console.print(
@@ -207,7 +207,7 @@ def report_cmd(
 
     Scores come from the lake's node_rollups (per-trial sums of node_results, in saasbench.evaluation.scoring's
     rules); valid trials exclude infra
-    outcomes (env_error, judge_error, task_defect), whose counts are printed separately.
+    outcomes (env_error, judge_error, model_error, task_defect), whose counts are printed separately.
 
     Example: saasbench report --sweep sweep-2026-12-01 --lake runs/lake --html runs/report.html
     """

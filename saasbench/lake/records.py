@@ -388,17 +388,22 @@ def trial_rows(
     judge_calls: Sequence[Any] = (),
     env_builds: Iterable[Mapping[str, Any]] = (),
     model_calls: Iterable[Any] = (),
+    discarded_model_calls: Iterable[Any] = (),
     end_states: Iterable[Mapping[str, Any]] = (),
 ) -> TrialRows:
     """All rows of one trial. ``report`` may be None (the trial failed before evaluation);
     ``model_calls`` are the trial's requests through the model gateway (``Gateway.calls``);
-    ``end_states`` the row of its frozen end state (``saasbench.runs.endstate.end_state_row``)."""
+    ``discarded_model_calls`` those of rollouts discarded for a model outage before it (``model_error``,
+    saasbench.runs.outages): rows too (``call_index`` first, each with its attempt's ``session``), so the
+    table holds the whole spend, but not metered into the trial's tokens and cost, which are the counted
+    rollout's; ``end_states`` the row of its frozen end state (``saasbench.runs.endstate.end_state_row``)."""
     judge_calls = list(judge_calls)
     nodes, steps = node_rows(info, report) if report is not None else ([], [])
-    calls = model_call_rows(info, model_calls)
+    discarded = list(discarded_model_calls)
+    calls = model_call_rows(info, [*discarded, *model_calls])
     trial = trial_row(info, report, trajectory, judge_calls)
     for col in ("tokens_in", "tokens_out", "cost_usd"):  # metered by the gateway: the figures to trust
-        metered = [c[col] for c in calls if c[col] is not None]
+        metered = [c[col] for c in calls[len(discarded) :] if c[col] is not None]
         if metered:
             trial[col] = sum(metered)
     return TrialRows(
@@ -434,6 +439,7 @@ def from_trial_result(
     env_builds: Iterable[Mapping[str, Any]] = (),
     report_uri: str | None = None,
     model_calls: Iterable[Any] = (),
+    discarded_model_calls: Iterable[Any] = (),
     end_states: Iterable[Mapping[str, Any]] = (),
 ) -> TrialRows:
     """Rows of a :class:`saasbench.runs.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
@@ -470,6 +476,7 @@ def from_trial_result(
         judge_calls=judge_calls or getattr(result, "judge_calls", None) or (),
         env_builds=env_builds,
         model_calls=model_calls,
+        discarded_model_calls=discarded_model_calls,
         end_states=end_states,
     )
 

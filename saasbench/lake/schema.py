@@ -48,6 +48,7 @@ Outcome = Literal[
     "voided_cheat",
     "env_error",
     "judge_error",
+    "model_error",
     "task_defect",
 ]
 OUTCOMES: tuple[str, ...] = (
@@ -58,12 +59,14 @@ OUTCOMES: tuple[str, ...] = (
     "voided_cheat",
     "env_error",
     "judge_error",
+    "model_error",
     "task_defect",
 )
 #: Outcomes caused by the agent: never retried; they count in "valid trials".
 AGENT_OUTCOMES: tuple[str, ...] = ("completed", "agent_timeout", "agent_budget_exceeded", "agent_error", "voided_cheat")
-#: Outcomes caused by infrastructure or the task itself: retried (env/judge) or excluded from "valid trials".
-INFRA_OUTCOMES: tuple[str, ...] = ("env_error", "judge_error", "task_defect")
+#: Outcomes caused by infrastructure or the task itself: retried (env/judge/model) and excluded from "valid
+#: trials". ``model_error``: the agent's model upstream failed (an outage) and the agent stopped on it.
+INFRA_OUTCOMES: tuple[str, ...] = ("env_error", "judge_error", "model_error", "task_defect")
 #: ``trials.valid`` is ``outcome IN VALID_OUTCOMES``.
 VALID_OUTCOMES: tuple[str, ...] = AGENT_OUTCOMES
 

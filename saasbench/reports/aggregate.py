@@ -19,7 +19,7 @@ Definitions (per (agent, model) "configuration"; ``scope`` is ``all`` or ``valid
   **0** (``effective_score``); a ``voided_cheat`` trial counts as 0 and its nodes as not passed
   (every node that was not excluded is re-scored FAILED with 0 points).
 - **Scopes.** ``all``: every trial. ``valid``: trials whose outcome is agent-caused
-  (``lake.schema.VALID_OUTCOMES``); infra outcomes (env_error, judge_error, task_defect) are
+  (``lake.schema.VALID_OUTCOMES``); infra outcomes (env_error, judge_error, model_error, task_defect) are
   excluded and counted separately (``infra_trials``, ``outcome_counts``).
 - **Pass@1 (benchmark score)** = the paper's Pass@1: for each task, the mean of the trial scores
   over its attempts (mean over attempts first, so a task with more attempts does not weigh
@@ -62,7 +62,7 @@ from saasbench.evaluation import scoring
 from saasbench.evaluation.results import Aggregate, Counts, NodeResult, Status
 from saasbench.lake.query import gc_paused
 from saasbench.lake.schema import (
-    INFRA_OUTCOMES,  # env_error, judge_error, task_defect: not valid trials
+    INFRA_OUTCOMES,  # env_error, judge_error, model_error, task_defect: not valid trials
 )
 from saasbench.reports.backbones import BACKBONES, backbone_for, unknown_categories
 

@@ -194,7 +194,8 @@ def render(report: SweepReport, *, title: str | None = None, generated_at: str |
         f"<h1>{_e(title)}</h1>",
         (
             f'<p class="note">Sweeps: {_e(", ".join(report.sweeps))}. Generated {_e(generated_at)}. '
-            "Scores are over valid trials (infra outcomes env_error, judge_error, task_defect excluded) unless marked "
+            "Scores are over valid trials (infra outcomes env_error, judge_error, model_error, task_defect excluded) "
+            "unless marked "
             "&quot;all&quot;; Pass@1 is the mean over tasks of the task score (mean over attempts first).</p>"
         ),
         "<h2>Table 2: main results</h2>",

@@ -10,7 +10,10 @@ retry or a resumed sweep continues from the last finished stage:
 - ``provision``: load the task, a fresh environment, the agent installed in it. Live state only.
 - ``rollout``: the agent's run, the integrity hashes, the anti-cheat scan. Checkpointed, but only
   useful together with ``freeze``: a rollout whose environment died before the freeze is run again
-  (nothing else can bring its system back).
+  (nothing else can bring its system back). A rollout that stopped on a model outage
+  (:mod:`saasbench.runs.outages`) is discarded, never checkpointed: it raises a retryable ``ModelError``
+  and the retry runs the agent again in a fresh environment (the discarded attempts are kept under
+  ``rollout_attempts`` and committed with the trial).
 - ``freeze``: the end state (:mod:`saasbench.runs.endstate`) stored content-addressed; from here on
   the agent never runs again for this trial.
 - ``evaluate``: the app started and the DAG run, in the live environment on the first try, else in a
@@ -23,7 +26,7 @@ retry or a resumed sweep continues from the last finished stage:
   are removed afterwards.
 
 Retries are for infrastructure only (:class:`saasbench.failures.EnvError`, ``JudgeError``,
-``LakeError``); an agent outcome is recorded, never retried. Nothing here imports Prefect.
+``ModelError``, ``LakeError``); an agent outcome is recorded, never retried. Nothing here imports Prefect.
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from saasbench.failures import EnvError, HarnessError, JudgeError, LakeError, TaskDefect
+from saasbench.failures import EnvError, HarnessError, JudgeError, LakeError, ModelError, TaskDefect
 
 log = logging.getLogger(__name__)
 
 STAGES: tuple[str, ...] = ("build_env", "provision", "rollout", "freeze", "evaluate", "judge", "commit")
+#: The checkpoint (not a stage) holding the rollouts discarded for a model outage: ``{"attempts": [...]}``.
+ROLLOUT_ATTEMPTS = "rollout_attempts"
 
 
 def _now() -> dt.datetime:
@@ -254,11 +259,41 @@ def rollout(run: TrialRun) -> dict[str, Any]:
         if exc.retryable:
             run.close_env()  # what failed may be the environment: the retry provisions a fresh one
         raise
-    run.rollout = ro
     calls = run.access.calls() if run.access is not None else []
+    discarded = (ck.load(ROLLOUT_ATTEMPTS) or {}).get("attempts") or []
+    outage = rollout_outage_of(ro, calls)
+    if outage.outage:  # not the agent's doing: discard this rollout, retry it in a fresh environment
+        attempt = attempt_record_of(run, ro, calls, outage)
+        ck.save(ROLLOUT_ATTEMPTS, {"attempts": [*discarded, attempt]})
+        run.close_env()
+        raise ModelError(f"{run.trial.label}: {outage.reason}")
+    run.rollout = ro
     record = rollout_record(ro, model_calls=calls)
+    record["discarded"] = discarded
     ck.save("rollout", record)
     return record
+
+
+def rollout_outage_of(ro: Any, calls: Any) -> Any:
+    """:func:`saasbench.runs.outages.rollout_outage` of a RolloutResult and its gateway calls."""
+    from saasbench.runs.outages import rollout_outage
+
+    return rollout_outage(ro.outcome, calls, error=ro.trajectory.error)
+
+
+def attempt_record_of(run: TrialRun, ro: Any, calls: Any, outage: Any) -> dict[str, Any]:
+    from saasbench.runs.outages import attempt_record
+
+    return attempt_record(
+        outage,
+        exit_reason=ro.trajectory.exit_reason,
+        error=ro.trajectory.error,
+        session=getattr(run.access, "session", None),
+        steps=ro.trajectory.steps,
+        started_at=ro.started_at,
+        ended_at=ro.ended_at,
+        model_calls=calls,
+    )
 
 
 def trial_budget(run: TrialRun) -> Any:
@@ -425,6 +460,7 @@ def commit(run: TrialRun, *, judge_failure: BaseException | None = None) -> str:
     from saasbench import lake as lakelib
     from saasbench.agents.base import Trajectory
     from saasbench.evaluation.results import RunReport
+    from saasbench.runs.outages import attempt_calls, attempt_events
     from saasbench.runs.trial import TrialResult
 
     ck = run.checkpoints
@@ -438,10 +474,13 @@ def commit(run: TrialRun, *, judge_failure: BaseException | None = None) -> str:
     run.task = run.task or _load_task(run.trial.task)
     source = judged or ev
     report = RunReport.model_validate(source["report"])
+    trajectory = Trajectory.model_validate(ro["trajectory"])
+    discarded = ro.get("discarded") or []  # rollouts discarded for a model outage before this one
+    trajectory.events.extend(attempt_events(discarded, t_s=trajectory.wall_s))
     result = TrialResult(
         agent=ro["agent"],
         report=report,
-        trajectory=Trajectory.model_validate(ro["trajectory"]),
+        trajectory=trajectory,
         app_ok=ev["app"]["ok"],
         app_error=ev["app"]["error"],
         app_log_tail=ev["app"]["log_tail"] or "",
@@ -475,6 +514,7 @@ def commit(run: TrialRun, *, judge_failure: BaseException | None = None) -> str:
             outcome=outcome,
             outcome_detail=detail,
             model_calls=ro.get("model_calls") or (),
+            discarded_model_calls=attempt_calls(discarded),
             end_states=end_states,
         )
         lakelib.write_trial(run.store, rows)

@@ -79,7 +79,9 @@ class SweepSpec(BaseModel):
         None, description="the agents' budget {steps, wall_s, tool_call_s}; default each task's timeouts"
     )
     concurrency: int = Field(1, ge=1)
-    retries: int = Field(2, ge=0, description="retries of infrastructure failures (env_error, judge_error)")
+    retries: int = Field(
+        2, ge=0, description="retries of infrastructure failures (env_error, judge_error, model_error)"
+    )
     retry_delays: list[float] = Field(default_factory=lambda: list(DEFAULT_RETRY_DELAYS))
     report_dir: str | None = Field(None, description="where the HTML report goes; default runs/reports")
     compact: bool = Field(
@@ -294,11 +296,21 @@ def run_trial(
 def record_failure(
     trial: TrialSpec, spec: SweepSpec, exc: BaseException, *, lake: Any = None, started_at: Any = None
 ) -> str:
-    """Commit a trial row (no node rows) for a trial that ended in a failure outcome."""
+    """Commit a trial row (no node rows) for a trial that ended in a failure outcome. Rollouts discarded for
+    a model outage (``model_error``, the stages' ``rollout_attempts`` checkpoint) come with it: one
+    ``model_error`` trajectory event each and their model calls (the outage's evidence)."""
     from saasbench.failures import outcome_of
+    from saasbench.runs import stages
+    from saasbench.runs.outages import attempt_calls, attempt_events
 
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
     outcome = outcome_of(exc)
+    ck = stages.Checkpoints(store, spec.sweep_id, trial.trial_id)
+    try:
+        discarded = (ck.load(stages.ROLLOUT_ATTEMPTS) or {}).get("attempts") or []
+    except Exception as exc_read:  # noqa: BLE001 - the failure row matters more than its evidence
+        log.warning("%s: reading the discarded rollouts failed: %s", trial.label, exc_read)
+        discarded = []
     task_id = trial.task
     try:
         from saasbench.catalog.tasks import load_task
@@ -322,7 +334,14 @@ def record_failure(
         started_at=started_at,
         ended_at=_now(),
     )
-    lakelib.write_trial(store, lakelib.trial_rows(info))
+    events = {"events": attempt_events(discarded)} if discarded else None
+    rows = lakelib.trial_rows(info, trajectory=events, discarded_model_calls=attempt_calls(discarded))
+    lakelib.write_trial(store, rows)
+    if discarded:
+        try:
+            ck.drop(stages.ROLLOUT_ATTEMPTS)  # committed with the trial: a rerun of it starts a new record
+        except Exception as exc_drop:  # noqa: BLE001 - a leftover is harmless: a committed trial is not resumed
+            log.warning("%s: removing the discarded rollouts failed: %s", trial.label, exc_drop)
     return outcome
 
 

@@ -49,7 +49,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -372,32 +372,58 @@ class JudgeError(_failures.JudgeError):
         self.retry_after = retry_after
 
 
-_TRANSIENT_NAMES = {
-    "Timeout",
-    "APITimeoutError",
-    "APIConnectionError",
-    "RateLimitError",
-    "InternalServerError",
-    "ServiceUnavailableError",
-    "BadGatewayError",
-    "ConnectError",
-    "ReadTimeout",
-    "ConnectTimeout",
-    "RemoteProtocolError",
-}
-_PERMANENT_STATUS = {400, 401, 403, 404, 405, 413, 422}
+#: Exception class names of failures a later try can get past (litellm's, openai's, httpx's, Python's), for a
+#: failure without a telling HTTP status (a refused or reset connection, a timeout, a broken stream).
+TRANSIENT_NAMES = frozenset(
+    {
+        "Timeout",
+        "APITimeoutError",
+        "APIConnectionError",
+        "RateLimitError",
+        "InternalServerError",
+        "ServiceUnavailableError",
+        "BadGatewayError",
+        "MidStreamFallbackError",
+        "ConnectError",
+        "ReadError",
+        "WriteError",
+        "ReadTimeout",
+        "WriteTimeout",
+        "ConnectTimeout",
+        "PoolTimeout",
+        "RemoteProtocolError",
+        "TimeoutError",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+    }
+)
+#: HTTP statuses of a request or configuration problem (bad request, key, permission, route, size): retrying
+#: the same request cannot help.
+PERMANENT_STATUS = frozenset({400, 401, 403, 404, 405, 413, 422})
+_TIMEOUT_NAMES = frozenset({"Timeout", "APITimeoutError"})
+
+
+def transient_failure(status: int | None, names: Collection[str]) -> bool:
+    """The one rule of what a retry can fix, from a failure's HTTP status and exception class names: 408, 409,
+    425, 429 and every 5xx (529 "overloaded" included) are transient, :data:`PERMANENT_STATUS` is not (unless
+    the class is a timeout); without a telling status the class decides (:data:`TRANSIENT_NAMES`: refused or
+    reset connections, timeouts). Shared by the judge (:func:`classify`), the built-in agent and the rollout's
+    model-outage classifier (``saasbench.runs.outages``), so a model outage means the same on both sides."""
+    found = set(names)
+    if isinstance(status, int) and status in PERMANENT_STATUS and not found & _TIMEOUT_NAMES:
+        return False
+    if isinstance(status, int) and (status in (408, 409, 425, 429) or status >= 500):
+        return True
+    return bool(found & TRANSIENT_NAMES)
 
 
 def classify(exc: BaseException) -> JudgeError:
     """Whether a failed completion is worth retrying, with a short description."""
     status = getattr(exc, "status_code", None)
-    names = {c.__name__ for c in type(exc).__mro__}
-    if isinstance(status, int) and status in _PERMANENT_STATUS and not names & {"Timeout", "APITimeoutError"}:
-        transient = False
-    elif isinstance(status, int) and (status in (408, 409, 425, 429) or status >= 500):
-        transient = True
-    else:
-        transient = bool(names & _TRANSIENT_NAMES) or isinstance(exc, (TimeoutError, ConnectionError))
+    transient = transient_failure(status, {c.__name__ for c in type(exc).__mro__})
     retry_after = None
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
