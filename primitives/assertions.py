@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import json
 import re
 import time
@@ -32,8 +31,9 @@ from saasbench.dag.placeholders import MISSING, UnresolvedPlaceholder, to_text
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.services import saferegex
 
-MAX_REGEX_SUBJECT = 100_000  # chars; Python's re has no timeout, so bound the work instead
+MAX_REGEX_SUBJECT = 100_000  # chars searched by matches_regex (the match itself is bounded by the node deadline)
 JWT_CLOCK_SLACK_S = 300  # app container and harness clocks may disagree a little
 _FROM_MAGIC = re.compile(r"^\s*\{\{\s*from_P\d+\s*\}\}\s*$")
 _NAME = re.compile(r"^[A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])*$")
@@ -294,9 +294,9 @@ def _has_placeholder(value: Any) -> bool:
     return isinstance(value, str) and bool(PLACEHOLDER_RE.search(value))
 
 
-@functools.lru_cache(maxsize=256)
-def compile_regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def compile_regex(pattern: str) -> Any:
+    """The pattern in the engine matches run with (saasbench.services.saferegex); raises re.error."""
+    return saferegex.compile(pattern)
 
 
 def type_name(value: Any) -> str:
@@ -1002,7 +1002,9 @@ def check(a: Assertion, value: Any, doc: Doc) -> tuple[bool, str]:
         if len(subject) > MAX_REGEX_SUBJECT:
             subject = subject[:MAX_REGEX_SUBJECT]
         try:
-            return compile_regex(str(expected)).search(subject) is not None, "no match"
+            # app text, a DAG pattern: bounded by the node deadline (RegexTimeout fails the node, never a pass)
+            hit = saferegex.search(compile_regex(str(expected)), subject, what=f"the value at {a.path or '$'}")
+            return hit is not None, "no match"
         except re.error as exc:
             return False, f"invalid regex: {exc}"
     return False, f"operator {op!r} not implemented"  # unreachable: the model rejects unknown operators

@@ -24,6 +24,7 @@ from saasbench.dag.placeholders import UnresolvedPlaceholder
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
+from saasbench.services import saferegex
 
 EVIDENCE_CHARS = 2000
 LOG_CAPTURE_CHARS = 20000  # of a log P21 read, kept as {{last_container_logs}}
@@ -71,9 +72,9 @@ def _normalise_match_type(data: dict[str, Any]) -> None:
         note(f"match_type {mtype!r} -> {data['match_type']!r}")
 
 
-def _find(text: str, pattern: str, match_type: str) -> bool:
-    if match_type == "regex":
-        return bool(re.search(pattern, text, re.MULTILINE))
+def _find(text: str, pattern: str, match_type: str, what: str = "the log") -> bool:
+    if match_type == "regex":  # app text, DAG pattern: bounded by the node deadline (RegexTimeout)
+        return saferegex.search(pattern, text, re.MULTILINE, what=what) is not None
     if match_type == "icontains":
         return pattern.casefold() in text.casefold()
     return pattern in text
@@ -175,7 +176,7 @@ def container_exec(inputs: P12Inputs, ctx: RunContext) -> StepResult:
             problems.append(f"output does not contain {needle!r}")
     if inputs.expect_output_regex is not None:
         try:
-            if not re.search(inputs.expect_output_regex, output, re.MULTILINE):
+            if saferegex.search(inputs.expect_output_regex, output, re.MULTILINE, what="the command's output") is None:
                 problems.append(f"output does not match /{inputs.expect_output_regex}/")
         except re.error as exc:
             problems.append(f"invalid expect_output_regex: {exc}")
@@ -300,10 +301,10 @@ def log_content_check(inputs: P21Inputs, ctx: RunContext) -> StepResult:
         )
     if inputs.match_type == "regex":
         try:
-            re.compile(inputs.pattern)
+            saferegex.validate(inputs.pattern)
         except re.error as exc:
             return StepResult(passed=False, message=f"invalid regex {inputs.pattern!r}: {exc}")
-    found = bool(_find(text, inputs.pattern, inputs.match_type))
+    found = bool(_find(text, inputs.pattern, inputs.match_type, f"log {inputs.log_path}"))
     evidence = {
         "log_path": inputs.log_path,
         "source": source,

@@ -65,6 +65,7 @@ from saasbench.dag.placeholders import MISSING, UnresolvedPlaceholder, split_pat
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
+from saasbench.services import saferegex
 from saasbench.services.db import (
     Column,
     Database,
@@ -227,8 +228,8 @@ def apply_check(op: str, actual: Any, expected: Any) -> bool:
     if op == "regex":
         if actual is None:
             return False
-        try:
-            return re.search(str(expected), to_text(actual)) is not None
+        try:  # stored (app) data, a DAG pattern: bounded by the node deadline (RegexTimeout)
+            return saferegex.search(str(expected), to_text(actual), what="a database value") is not None
         except re.error:
             return str(expected) in to_text(actual)
     raise ValueError(f"unknown operator {op!r}")
@@ -1189,24 +1190,30 @@ class P11Inputs(PrimitiveInputs):
         return self
 
 
-def _regex(pattern: str) -> re.Pattern:
+def _regex(pattern: str) -> Any:
     try:
-        return re.compile(pattern, re.I)
+        return saferegex.compile(pattern, re.I)
     except re.error:
-        return re.compile(re.escape(pattern), re.I)
+        return saferegex.compile(re.escape(pattern), re.I)
+
+
+def _index_search(rx: Any, idx: Index) -> bool:
+    """The pattern finds the index's name or definition (the app's schema: bounded by the node deadline)."""
+    return bool(
+        saferegex.search(rx, idx.name, what="an index name")
+        or saferegex.search(rx, idx.definition, what="an index definition")
+    )
 
 
 def _index_matches(spec: IndexSpec | str, idx: Index) -> bool:
     if isinstance(spec, str):
-        rx = _regex(spec)
-        return bool(rx.search(idx.name) or rx.search(idx.definition))
+        return _index_search(_regex(spec), idx)
     if spec.name:
         part = unquote_name(spec.name)
         if not part.matches_loosely(idx.name):
             return False
     if spec.pattern:
-        rx = _regex(spec.pattern)
-        if not (rx.search(idx.name) or rx.search(idx.definition)):
+        if not _index_search(_regex(spec.pattern), idx):
             return False
     if spec.unique is not None and idx.unique != spec.unique:
         return False

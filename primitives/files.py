@@ -33,6 +33,7 @@ from saasbench.dag import StepDefect, note
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import StepResult
 from saasbench.primitives.registry import PrimitiveInputs, primitive
+from saasbench.services import saferegex
 from saasbench.services.workspace import (  # noqa: F401 - re-exported for the primitives' callers
     MAX_FILES_WALKED,
     SKIP_DIRS,
@@ -363,15 +364,15 @@ def file_exists(inputs: P01Inputs, ctx: RunContext) -> StepResult:
 
 
 # --- P02 -------------------------------------------------------------------------------------------
-def _matcher(inputs: P02Inputs) -> Callable[[str], int | None]:
+def _matcher(inputs: P02Inputs) -> Callable[[str, str], int | None]:
     """A function returning the offset of the first group's match in a text when every pattern group
     matches, else None. Raises re.error."""
     finders = [[_finder(p, inputs.match_type) for p in group] for group in inputs.groups]
 
-    def find_all(text: str) -> int | None:
+    def find_all(text: str, what: str = "text") -> int | None:
         first: int | None = None
         for index, group in enumerate(finders):
-            hit = next((pos for pos in (f(text) for f in group) if pos is not None), None)
+            hit = next((pos for pos in (f(text, what) for f in group) if pos is not None), None)
             if hit is None:
                 return None
             if index == 0:
@@ -381,26 +382,27 @@ def _matcher(inputs: P02Inputs) -> Callable[[str], int | None]:
     return find_all
 
 
-def _finder(pattern: str, match_type: str) -> Callable[[str], int | None]:
+def _finder(pattern: str, match_type: str) -> Callable[[str, str], int | None]:
     if match_type == "regex":
-        rx = re.compile(pattern, re.MULTILINE)
+        rx = saferegex.compile(pattern, re.MULTILINE)
 
-        def find_rx(text: str) -> int | None:
-            m = rx.search(text)
+        def find_rx(text: str, what: str) -> int | None:
+            # the text is the agent's (a file) or the app's: bounded by the node deadline (RegexTimeout)
+            m = saferegex.search(rx, text, what=what)
             return m.start() if m else None
 
         return find_rx
     if match_type == "icontains":
         needle_ci = pattern.casefold()
 
-        def find_ci(text: str) -> int | None:
+        def find_ci(text: str, what: str) -> int | None:
             pos = text.casefold().find(needle_ci)  # offsets may drift for the few letters casefold expands
             return pos if pos >= 0 else None
 
         return find_ci
     needle = pattern
 
-    def find(text: str) -> int | None:
+    def find(text: str, what: str) -> int | None:
         pos = text.find(needle)
         return pos if pos >= 0 else None
 
@@ -452,7 +454,7 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
             return
         scanned += 1
         text = _decode(raw)
-        hit = find(text)
+        hit = find(text, f"file {rel}")
         if hit is not None:
             line, snippet = _line_of(text, hit)
             matches.append({"file": rel, "line": line, "text": snippet})
@@ -513,7 +515,7 @@ def file_content_match(inputs: P02Inputs, ctx: RunContext) -> StepResult:
     return StepResult(passed=False, message=message, evidence=evidence)
 
 
-def _match_text(inputs: P02Inputs, ctx: RunContext, find: Callable[[str], int | None]) -> StepResult:
+def _match_text(inputs: P02Inputs, ctx: RunContext, find: Callable[[str, str], int | None]) -> StepResult:
     """P02 on the last HTTP response's raw text or on a field of the last command's output."""
     if inputs.source == "last_response":
         response = ctx.last_response
@@ -539,7 +541,7 @@ def _match_text(inputs: P02Inputs, ctx: RunContext, find: Callable[[str], int | 
                 f"(fields: {', '.join(k for k, v in output.items() if isinstance(v, str))})",
             )
         text, where = output[inputs.output_var], f"the last command's {inputs.output_var}"
-    hit = find(text)
+    hit = find(text, where)
     evidence: dict[str, Any] = {
         "pattern": inputs.pattern if not inputs.patterns else inputs.groups,
         "match_type": inputs.match_type,

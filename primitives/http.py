@@ -45,7 +45,14 @@ from saasbench.primitives.assertions import (
 )
 from saasbench.primitives.registry import PrimitiveInputs, primitive, rename_aliases
 from saasbench.services.auth import LoginFailed
-from saasbench.services.http import HttpResponse, Identity, ResponseTooLarge
+from saasbench.services.http import (
+    HttpResponse,
+    Identity,
+    RequestDeadline,
+    ResponseTooLarge,
+    bounded_client,
+    request_deadline,
+)
 
 EXCERPT_BYTES = 2048
 _METHOD_RE = re.compile(r"^[A-Za-z]+$")
@@ -181,12 +188,16 @@ def _dispatch(
     """Send with request kwargs from ``kwargs_fn()``; the one mapping of transport errors to ``Sent``."""
     url = ctx.http.url(path)
     out = Sent(method=method, url=url, identity=identity.role if identity is not None else "none")
+    if identity is not None and not ctx.http.is_app_origin(url):  # the client withholds them (services/http.py)
+        out.identity = f"none: another origin than the app's, credentials of {identity.role!r} not sent"
     timeout = ctx.timeout(timeout_s)
     try:
         kwargs = kwargs_fn()
         out.response = ctx.http.request(method, path, identity=identity, headers=headers, timeout_s=timeout, **kwargs)
     except ResponseTooLarge as exc:
         out.error = f"{method} {url}: {exc}"
+    except RequestDeadline as exc:
+        out.error, out.unreachable = deadline_message(ctx, f"{method} {url}", exc), True
     except httpx.TimeoutException:
         out.error, out.unreachable = f"{method} {url}: no response within {timeout:g}s (timeout)", True
     except httpx.ConnectError as exc:
@@ -196,6 +207,20 @@ def _dispatch(
     except (httpx.InvalidURL, UnicodeError) as exc:  # unusable URL or non-ASCII header text from DAG data
         out.error = f"{method} {url}: cannot build the request: {exc}"
     return out
+
+
+def deadline_message(ctx: RunContext, what: str, exc: RequestDeadline) -> str:
+    """``deadline: response body still arriving after 120s, the node's timeout (GET url: 37 bytes read)`` when the node's
+    deadline cut the request, else the request's own timeout: ``GET url: no complete response within 5s (timeout)``."""
+    if ctx.cut_by_deadline(exc.seconds):
+        budget = ctx.node_budget_s if ctx.node_budget_s is not None else exc.seconds
+        if exc.phase == "body":
+            return (
+                f"deadline: response body still arriving after {budget:g}s, the node's timeout "
+                f"({what}: {exc.received} bytes read)"
+            )
+        return f"deadline: no complete response after {budget:g}s, the node's timeout ({what})"
+    return f"{what}: {exc} (timeout)"
 
 
 def _body_kwargs(body: Any, headers: dict[str, str]) -> dict[str, Any]:
@@ -1435,21 +1460,22 @@ def _download(
     """Stream a download with its own byte cap, as the identity; (status, bytes, error, unreachable).
 
     Separate from the run's text-decoding client because the bytes themselves are compared.
-    Redirects are not followed (a 302 is an observation).
+    Redirects are not followed (a 302 is an observation). ``timeout`` is the total budget, as for
+    every request (services/http.py); credentials go only to the app's origin.
     """
+    if identity is not None and not ctx.http.is_app_origin(url):
+        identity = None
     merged = dict(identity.headers) if identity is not None else {}
     merged.update(headers)
     if identity is not None and identity.cookies:
         cookie = "; ".join(f"{c.name}={c.value}" for c in identity.cookies.jar)
         if cookie:
             merged.setdefault("Cookie", cookie)
+    size = 0
     try:
         with (
-            httpx.Client(
-                follow_redirects=False,
-                timeout=httpx.Timeout(timeout, connect=min(5.0, timeout)),
-                headers={"User-Agent": "saasbench-evaluator/0.1"},
-            ) as client,
+            bounded_client(timeout) as client,
+            request_deadline(timeout),
             client.stream(method, url, headers=merged) as response,
         ):
             declared = response.headers.get("content-length")
@@ -1460,13 +1486,29 @@ def _download(
                     f"download of {int(declared)} bytes exceeds the {cap}-byte cap; not read",
                     False,
                 )
-            chunks, size = [], 0
-            for chunk in response.iter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    return response.status_code, None, f"download exceeds the {cap}-byte cap; reading stopped", False
-                chunks.append(chunk)
+            chunks: list[bytes] = []
+            try:
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > cap:
+                        return (
+                            response.status_code,
+                            None,
+                            f"download exceeds the {cap}-byte cap; reading stopped",
+                            False,
+                        )
+                    chunks.append(chunk)
+            except httpx.TimeoutException as exc:
+                late = RequestDeadline(
+                    f"download still arriving after {timeout:g}s ({size} bytes read)",
+                    phase="body",
+                    seconds=timeout,
+                    received=size,
+                )
+                raise late from exc
             return response.status_code, b"".join(chunks), None, False
+    except RequestDeadline as exc:
+        return None, None, deadline_message(ctx, f"{method} {url}", exc), True
     except httpx.TimeoutException:
         return None, None, f"{method} {url}: no response within {timeout:g}s (timeout)", True
     except httpx.HTTPError as exc:

@@ -161,8 +161,13 @@ def fire(ctx: RunContext, triggers: Triggers, *, resolve: bool = True) -> tuple[
     for trigger in _trigger_list(triggers):
         if resolve:
             try:
-                trigger = Trigger.model_validate(ctx.resolve(trigger.model_dump(exclude_unset=True)))
-            except UnresolvedPlaceholder as exc:
+                raw = trigger.model_dump(exclude_unset=True)
+                command = raw.pop("command", None)
+                resolved = ctx.resolve(raw)
+                if isinstance(command, str):  # quoted for the shell, as P12's (never pasted as shell syntax)
+                    resolved["command"] = ctx.resolve_command(command)
+                trigger = Trigger.model_validate(resolved)
+            except UnresolvedPlaceholder as exc:  # UnsafeShellValue too
                 return f"trigger: {exc}", evidence, False
             except ValueError as exc:
                 return f"trigger invalid after placeholder resolution: {exc}", evidence, False
@@ -469,10 +474,12 @@ class P24Inputs(PrimitiveInputs):
         return data
 
 
-@primitive("P24", P24Inputs, raw_fields={"verify", "sql", "query", "verify_sql", "expected_result", "expected"})
+@primitive(
+    "P24", P24Inputs, raw_fields={"trigger", "verify", "sql", "query", "verify_sql", "expected_result", "expected"}
+)
 def queue_job_check(inputs: P24Inputs, ctx: RunContext) -> StepResult:
     """Fire the trigger, then poll (SQL or HTTP) until the background job's effect is visible."""
-    error, trig_ev, unreachable = fire(ctx, inputs.trigger, resolve=False)  # the engine resolved it
+    error, trig_ev, unreachable = fire(ctx, inputs.trigger)  # resolved here: an exec command is quoted
     if error:
         return StepResult(passed=False, unreachable=unreachable, message=error, evidence={"triggers": trig_ev})
     result = run_verify(ctx, inputs.verify, inputs.max_wait_ms)

@@ -60,6 +60,7 @@ from saasbench.primitives import container
 from saasbench.primitives.browser_steps import _alias, scoped
 from saasbench.primitives.integrations import Trigger, fire
 from saasbench.primitives.registry import primitive, rename_aliases
+from saasbench.services import saferegex
 from saasbench.services.browser import allowed_hosts_for, url_allowed
 
 MAX_MESSAGES = 500
@@ -173,7 +174,7 @@ class WsStep(BaseModel):
     def _valid(self) -> WsStep:
         if self.expect_regex is not None:
             try:
-                re.compile(self.expect_regex)
+                saferegex.validate(self.expect_regex, re.MULTILINE)
             except re.error as exc:
                 raise ValueError(f"invalid expect_regex {self.expect_regex!r}: {exc}") from exc
         return self
@@ -380,7 +381,8 @@ def _find(buffer: str, step: WsStep) -> tuple[int, str] | None:
         if at >= 0:
             hits.append((at, needle))
     if step.expect_regex:
-        m = re.search(step.expect_regex, buffer, re.MULTILINE)
+        # the app's messages, a DAG pattern: bounded by the node deadline (RegexTimeout)
+        m = saferegex.search(step.expect_regex, buffer, re.MULTILINE, what="the WebSocket messages")
         if m:
             hits.append((m.start(), m.group(0)))
     if not hits:
@@ -489,7 +491,7 @@ def websocket_exchange(inputs: P21Inputs, ctx: RunContext) -> StepResult:
             subprotocols=[Subprotocol(p) for p in inputs.subprotocol or []] or None,
             additional_headers=headers or None,
             open_timeout=max(0.1, min(10.0, end - time.monotonic())),
-            close_timeout=1,
+            close_timeout=0.5,  # closing after the deadline stays within its 1 s grace
             proxy=None,
             max_size=2**20,
             compression=None,

@@ -29,6 +29,116 @@ class UnresolvedPlaceholder(Exception):
         super().__init__(f"unresolved placeholder {placeholder}" + (f": {detail}" if detail else ""))
 
 
+class UnsafeShellValue(UnresolvedPlaceholder):
+    """A value from the app sits inside a quoted string of a command and holds characters that a second
+    interpreter reading that string (``sh -c '...'``, ``rails runner "..."``) could take as code."""
+
+    def __init__(self, placeholder: str, value: str):
+        self.placeholder = placeholder
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        Exception.__init__(
+            self,
+            f"placeholder {placeholder} holds a value from the app ({shown!r}) with characters that are code in a "
+            "quoted command string (quotes, backslash, $, `, ;, |, &, <, >, (, ), {, }, #, * or a line break); "
+            "not run. Unquoted, {{x}} is passed as one shell word",
+        )
+
+
+# What an app-supplied value may hold when it is spliced inside quotes of a command (see quote_command).
+PLAIN_IN_STRING = re.compile(r"[\w@.,:/+=%~^!? -]*")
+
+
+def quote_command(text: str, value: Callable[[str], Any], trusted: Callable[[str], bool] | None = None) -> str:
+    """Splice each ``{{...}}`` into a shell command so that the shell running it reads the value as data.
+
+    The command is scanned as bash reads it (single and double quotes, backslashes, ``$(...)``
+    and backquotes), and each value is quoted for where it stands:
+
+    - unquoted (also inside ``$(...)``): ``shlex.quote(value)``, one word;
+    - inside ``'...'`` or ``"..."``: as it is when nothing in it is special inside those quotes,
+      else the string is closed, the quoted value added and the string reopened
+      (``'a {{x}} b'`` with ``it's`` -> ``'a ''it'"'"'s'' b'``), so the value joins the same word;
+    - inside backquotes: as unquoted, with backslashes and backquotes escaped for the backquotes;
+    - after a ``<<`` (a here-document, whose body expands ``$(...)``): as unquoted, and the value
+      must be plain unless trusted (below).
+
+    A placeholder inside quotes usually hands its value to a second interpreter (``bash -c '...'``,
+    ``rails runner "..."``, ``manage.py shell -c "..."``), which parses that text again; no
+    quoting of ours can know its language. So a value that is not ``trusted`` (anything the app
+    supplied: captures, responses, node outputs) must there be plain text
+    (:data:`PLAIN_IN_STRING`), else :class:`UnsafeShellValue` is raised and nothing runs. The
+    operator's values (auth profile users, ``--var``) are trusted. ``${VAR}`` is left to the
+    shell (its value comes through the environment and is never parsed by the shell running it).
+    """
+    import shlex
+
+    out: list[str] = []
+    stack: list[str] = []  # open contexts: "'", '"', "$(", "(", "`"
+    heredoc = False  # after a ``<<``: a here-document body expands $( ) and backquotes whatever the quotes
+    i, n = 0, len(text)
+    while i < n:
+        m = MUSTACHE.match(text, i)
+        if m:
+            expr = m.group(1)
+            raw = to_text(value(expr))
+            inner = stack[-1] if stack else ""
+            quoted_ctx = inner in ("'", '"') or "`" in stack or heredoc
+            if quoted_ctx and not (trusted is not None and trusted(expr)) and not PLAIN_IN_STRING.fullmatch(raw):
+                raise UnsafeShellValue("{{" + expr + "}}", raw)
+            if (inner == "'" and "'" not in raw) or (inner == '"' and not any(ch in raw for ch in '"\\$`')):
+                piece = raw  # nothing in it is special inside these quotes: the command reads as written
+            elif inner in ("'", '"'):
+                piece = inner + shlex.quote(raw) + inner
+            else:
+                piece = shlex.quote(raw)
+            for _ in range(stack.count("`")):
+                piece = piece.replace("\\", "\\\\").replace("`", "\\`")
+            out.append(piece)
+            i = m.end()
+            continue
+        c = text[i]
+        inner = stack[-1] if stack else ""
+        if inner == "'":
+            if c == "'":
+                stack.pop()
+        elif c == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        elif inner == '"':
+            if c == '"':
+                stack.pop()
+            elif text.startswith("$(", i):
+                stack.append("$(")
+                out.append("$(")
+                i += 2
+                continue
+            elif c == "`":
+                stack.append("`")
+        else:  # unquoted, or inside $( ), ( ) or backquotes
+            if c in ("'", '"'):
+                stack.append(c)
+            elif text.startswith("$(", i):
+                stack.append("$(")
+                out.append("$(")
+                i += 2
+                continue
+            elif text.startswith("<<", i):
+                heredoc = True
+            elif c == "(" and inner in ("$(", "("):
+                stack.append("(")
+            elif c == ")" and inner in ("$(", "("):
+                stack.pop()
+            elif c == "`":
+                if inner == "`":
+                    stack.pop()
+                else:
+                    stack.append("`")
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def split_path(expr: str) -> list[str | int]:
     """``a.b[0].c`` -> ['a', 'b', 0, 'c']; numeric dotted segments stay strings (resolved per container)."""
     parts: list[str | int] = []
@@ -135,16 +245,16 @@ class Resolver:
         text = MUSTACHE.sub(lambda m: to_text(self._value(m.group(1))), text)
         return SHELL.sub(lambda m: to_text(self._shell(m.group(1), m.group(2))), text)
 
-    def resolve_command(self, text: str) -> str:
-        """A shell command: ``{{...}}`` values spliced shell-quoted, ``${VAR}`` left to the shell.
+    def resolve_command(self, text: str, trusted: Callable[[str], bool] | None = None) -> str:
+        """A shell command: ``{{...}}`` values quoted for where they stand (:func:`quote_command`),
+        ``${VAR}`` left to the shell.
 
         The reference harness hands ``${TARGET_APP_CLI:-app}`` to bash, so the command's own
         environment (the exec target's variables, ``meta.env_defaults``) decides it; quoting
-        keeps a value captured from the untrusted app from becoming shell syntax.
+        keeps a value captured from the untrusted app from becoming shell syntax. ``trusted(expr)``
+        says whether a placeholder's value is the operator's (None: every value is the app's).
         """
-        import shlex
-
-        return MUSTACHE.sub(lambda m: shlex.quote(to_text(self._value(m.group(1)))), text)
+        return quote_command(text, self._value, trusted)
 
 
 def placeholders_in(value: Any) -> list[str]:

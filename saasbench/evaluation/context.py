@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from saasbench.dag.placeholders import MISSING, Resolver
+from saasbench.dag.placeholders import MISSING, Resolver, split_path
 from saasbench.services.http import extract_id  # noqa: F401 - re-exported for primitives
 
 if TYPE_CHECKING:
@@ -73,6 +73,9 @@ class RunContext:
         if target.base_url:
             self.vars["base_url"] = target.base_url.rstrip("/")
         self.vars.update(variables or {})
+        # the operator's values (auth profile users, base_url, --var, task config): trusted in commands, as
+        # long as nothing the app sent replaced them (captures, a login's token)
+        self._operator_vars: dict[str, Any] = dict(self.vars)
         self.env_defaults = dict(env_defaults or {})
         self.nodes: dict[str, dict[str, Any]] = {}  # node id -> outputs, for {{NODE.field}}
         self.node_scope: dict[str, Any] = {}  # captures made by the node running now
@@ -90,6 +93,7 @@ class RunContext:
         self.resources: dict[str, Any] = {}  # per-run handles (database connection, browser, ...)
         self._closers: list[Callable[[], None]] = []
         self._deadline: float | None = None
+        self.node_budget_s: float | None = None  # the running node's wall-clock budget (messages name it)
         self._resolver = Resolver(self._scopes, self._shell_var)
 
     # --- placeholders ---------------------------------------------------------------------------
@@ -117,8 +121,18 @@ class RunContext:
         return self._resolver.resolve(value)
 
     def resolve_command(self, text: str) -> str:
-        """Resolve a shell command's ``{{...}}`` placeholders (quoted); ``${VAR}`` stays for the shell."""
-        return self._resolver.resolve_command(text)
+        """Resolve a shell command's ``{{...}}`` placeholders, each quoted for where it stands
+        (``saasbench.dag.placeholders.quote_command``); ``${VAR}`` stays for the shell. Raises
+        UnresolvedPlaceholder, or UnsafeShellValue for an app-supplied value inside a quoted string."""
+        return self._resolver.resolve_command(text, self.operator_value)
+
+    def operator_value(self, expr: str) -> bool:
+        """Whether ``{{expr}}`` resolves to a value the operator gave (not one the app supplied)."""
+        parts = split_path(expr)
+        head = expr if expr in self.vars or expr in self.node_scope else (parts[0] if parts else expr)
+        if not isinstance(head, str) or head in self.node_scope or head not in self.vars:
+            return False  # this node's captures, node outputs, the last response: the app's
+        return head in self._operator_vars and self.vars[head] == self._operator_vars[head]
 
     def resolver_with(self, extra: Mapping[str, Any]) -> Resolver:
         """A resolver that looks in ``extra`` first (auth login bodies templated with user fields)."""
@@ -167,6 +181,16 @@ class RunContext:
 
     def start_node_clock(self, seconds: float) -> None:
         self._deadline = time.monotonic() + seconds
+        self.node_budget_s = seconds
+
+    @property
+    def deadline_at(self) -> float | None:
+        """The running node's deadline as a ``time.monotonic()`` instant (None before the first node)."""
+        return self._deadline
+
+    def cut_by_deadline(self, timeout: float) -> bool:
+        """Whether an operation given ``timeout`` (from :meth:`timeout`) ends at the node deadline."""
+        return self._deadline is not None and self.remaining() <= timeout + 0.01
 
     def remaining(self) -> float:
         if self._deadline is None:

@@ -26,6 +26,7 @@ from saasbench.dag.placeholders import UnresolvedPlaceholder
 from saasbench.evaluation import scoring
 from saasbench.evaluation.context import RunContext
 from saasbench.evaluation.results import NodeResult, RunReport, Status, StepRecord, StepResult
+from saasbench.services import deadline
 
 
 @dataclass
@@ -155,7 +156,14 @@ class Engine:
             s0 = time.perf_counter()
             ctx.step_index = index
             try:
-                result = self._run_step(step.type, step.inputs)
+                # code that cannot see ctx (assertion and row expectations, regexes) reads the deadline from here
+                with deadline.within(ctx.deadline_at):
+                    result = self._run_step(step.type, step.inputs)
+            except deadline.DeadlineExceeded as exc:  # work on the app's or agent's data ran into the deadline
+                why = f"node deadline of {budget:g}s reached in step {index} ({step.type}): {exc}"
+                records.append(StepRecord(index=index, type=step.type, passed=False, message=why, duration_ms=_ms(s0)))
+                status, message = Status.FAILED, why
+                break
             except Exception as exc:  # noqa: BLE001 - a primitive crashed: ERROR, chain stops, run goes on
                 records.append(
                     StepRecord(

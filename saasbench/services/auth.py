@@ -45,6 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from saasbench.dag.placeholders import UnresolvedPlaceholder
+from saasbench.services import saferegex
 from saasbench.services.http import ANONYMOUS, HttpResponse, Identity
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ class ExtractSpec(BaseModel):
             raise ValueError(f"give exactly one of regex, css, json_path, cookie (got {given or 'none'})")
         if self.regex:
             try:
-                re.compile(self.regex)
+                saferegex.validate(self.regex)
             except re.error as exc:
                 raise ValueError(f"invalid regex {self.regex!r}: {exc}") from exc
         if self.css:
@@ -283,7 +284,7 @@ class LoginSpec(BaseModel):
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
             try:
-                re.compile(value)
+                saferegex.validate(value)
             except re.error as exc:
                 raise ValueError(f"invalid regex {value!r}: {exc}") from exc
         return value
@@ -714,13 +715,15 @@ def _check_rejected(role: str, where: str, login: LoginSpec, chain: list[HttpRes
                 f"login as {role!r} at {where}: credentials rejected: {response.status} redirect to "
                 f"{location} is the login page again (success_redirect_not {login.success_redirect_not!r})"
             )
-        if login.failure_location_regex and re.search(login.failure_location_regex, location):
+        if login.failure_location_regex and saferegex.search(
+            login.failure_location_regex, location, what="the login redirect's Location"
+        ):
             raise LoginFailed(
                 f"login as {role!r} at {where}: credentials rejected: {response.status} redirect to "
                 f"{location} matches failure_location_regex {login.failure_location_regex!r}"
             )
     if login.failure_body_regex:
-        found = re.search(login.failure_body_regex, chain[-1].text)
+        found = saferegex.search(login.failure_body_regex, chain[-1].text, what="the login response")
         if found:
             raise LoginFailed(
                 f"login as {role!r} at {where}: credentials rejected: the response ({chain[-1].status}) "
@@ -731,7 +734,8 @@ def _check_rejected(role: str, where: str, login: LoginSpec, chain: list[HttpRes
 def _extract(how: ExtractSpec, response: HttpResponse, identity: Identity) -> tuple[str | None, str]:
     """One pre-login value and, when there is none, why (for the LoginFailed message)."""
     if how.regex:
-        found = re.search(how.regex, response.text)
+        # the app's page, the profile's pattern: bounded by the node deadline (RegexTimeout)
+        found = saferegex.search(how.regex, response.text, what="the pre-login page")
         if found is None:
             return None, "matched nothing"
         value = found.group(1) if found.re.groups else found.group(0)
