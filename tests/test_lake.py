@@ -838,3 +838,21 @@ def test_connect_pauses_garbage_collection_and_restores_it(tmp_path, monkeypatch
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+# the columns of every table, per SCHEMA_VERSION: a change of columns without a version bump fails here
+SCHEMA_FINGERPRINTS = {2: "2faac17f229a9473"}
+
+
+def test_a_change_of_columns_bumps_the_schema_version() -> None:
+    """Readers read one footer per schema version: files of one version must have the same columns, or
+    a lake holding files from before and after the change cannot be queried ("schema mismatch in glob").
+    Changed a table's columns? Bump SCHEMA_VERSION, note it in the schema docstring, add the new
+    fingerprint here."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(S.TABLES.items()):
+        for f in t.schema:
+            h.update(f"{name}.{f.name}:{f.type};".encode())
+    assert SCHEMA_FINGERPRINTS.get(S.SCHEMA_VERSION) == h.hexdigest()[:16], "bump SCHEMA_VERSION (see the docstring)"

@@ -1,10 +1,14 @@
 """The results lake's one schema: table names, columns, types, partitions. Versioned.
 
 Every stage writes rows through these schemas and every reader (DuckDB views, aggregation,
-reports) reads columns by these names. **Column names are stable**: a change that renames or
-retypes a column bumps :data:`SCHEMA_VERSION`; adding a nullable column does not (readers see
-NULL for files written before it, because views are ``UNION ALL BY NAME`` over a typed empty
-relation of the current schema).
+reports) reads columns by these names. **Column names are stable**: every change of a table's
+columns (a rename, a new type, an added nullable column) bumps :data:`SCHEMA_VERSION`. Readers
+group files by the version their marker records and read one footer per group, so files of an
+older version get typed NULLs for the columns they lack; files of one version must have the same
+columns (a column added without a bump made every lake holding files from before and after it
+unqueryable: "schema mismatch in glob").
+
+Versions: 1 (first); 2 adds model_calls.usage_source, usage_estimated, upstream_errors.
 
 Layout (keys relative to the lake root; ids are path-safe, see :func:`check_id`)::
 
@@ -37,7 +41,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # --- failure taxonomy (ARCHITECTURE.md) --------------------------------------------------------
 Outcome = Literal[
