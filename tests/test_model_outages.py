@@ -230,16 +230,18 @@ def test_a_model_that_stays_down_ends_model_error_from_the_gateway_calls(gw, tmp
     (t,) = rows(lake, "SELECT outcome, valid, outcome_detail, task_score FROM trials", spec.sweep_id)
     assert t["outcome"] == "model_error" and not t["valid"] and t["task_score"] is None
     detail = t["outcome_detail"]
-    assert detail.startswith("ModelError: ") and "model upstream failed: 500 InternalServerError" in detail
-    assert "Connection error" in detail and f"after {NUM_RETRIES} retries" in detail
+    # the gateway's tap answers litellm 502 for a refused connection (issue #19: named, not a bare 500)
+    assert detail.startswith("ModelError: ") and "model upstream failed: 502 BadGatewayError" in detail
+    assert "unreachable" in detail and "Connection refused" in detail and f"after {NUM_RETRIES} retries" in detail
     assert rows(lake, "SELECT count(*) AS n FROM node_results", spec.sweep_id) == [{"n": 0}]
     events = rows(lake, "SELECT content FROM trajectory_events WHERE kind = 'model_error'", spec.sweep_id)
     assert len(events) == 3 and all("model upstream failed" in e["content"] for e in events)
-    calls = rows(lake, "SELECT session, status, error_class, http_status FROM model_calls", spec.sweep_id)
+    calls = rows(
+        lake, "SELECT session, status, error_class, http_status, upstream_errors FROM model_calls", spec.sweep_id
+    )
     assert len(calls) == 3 and len({c["session"] for c in calls}) == 3
-    assert {(c["status"], c["error_class"], c["http_status"]) for c in calls} == {
-        ("failure", "InternalServerError", 500)
-    }
+    assert {(c["status"], c["error_class"], c["http_status"]) for c in calls} == {("failure", "BadGatewayError", 502)}
+    assert all(c["upstream_errors"] and c["upstream_errors"][0].startswith("unreachable") for c in calls)
     store = lakelib.lake_from_uri(lake)
     assert stages.Checkpoints(store, spec.sweep_id, trial.trial_id).load(stages.ROLLOUT_ATTEMPTS) is None
 
