@@ -263,12 +263,18 @@ def rollout(run: TrialRun) -> dict[str, Any]:
 
 def trial_budget(run: TrialRun) -> Any:
     """The rollout budget: the task's timeouts, with the sweep's ``budget`` overriding what it sets."""
+    return spec_budget(run.spec, run.task)
+
+
+def spec_budget(spec: Any, task: Any) -> Any:
+    """The budget (``agents.base.Budget``) a trial of ``task`` in the sweep ``spec`` runs under; recorded
+    in its ``trials`` row (budget_steps, budget_wall_s, budget_tool_call_s)."""
     from saasbench.runs.trial import task_budget
 
-    b = run.spec.budget
+    b = spec.budget
     if b is None:
-        return task_budget(run.task)
-    return task_budget(run.task, steps=b.steps, wall_s=b.wall_s, tool_call_s=b.tool_call_s)
+        return task_budget(task)
+    return task_budget(task, steps=b.steps, wall_s=b.wall_s, tool_call_s=b.tool_call_s)
 
 
 def rollout_record(ro: Any, *, model_calls: Any = ()) -> dict[str, Any]:
@@ -476,6 +482,7 @@ def commit(run: TrialRun, *, judge_failure: BaseException | None = None) -> str:
             outcome_detail=detail,
             model_calls=ro.get("model_calls") or (),
             end_states=end_states,
+            budget=ro.get("budget"),
         )
         lakelib.write_trial(run.store, rows)
     except HarnessError:

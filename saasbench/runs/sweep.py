@@ -300,11 +300,14 @@ def record_failure(
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
     outcome = outcome_of(exc)
     task_id = trial.task
+    budget = None
     try:
         from saasbench.catalog.tasks import load_task
+        from saasbench.runs.stages import spec_budget
 
         t = load_task(trial.task)
         task_id, spec_t = t.id, t.spec
+        budget = spec_budget(spec, t)  # what the agent would run (or ran) under, also for a trial that failed
     except Exception:  # noqa: BLE001
         spec_t = None
     info = lakelib.TrialInfo(
@@ -321,6 +324,7 @@ def record_failure(
         complexity_tier=getattr(spec_t, "complexity_tier", None),
         started_at=started_at,
         ended_at=_now(),
+        budget=budget,
     )
     lakelib.write_trial(store, lakelib.trial_rows(info))
     return outcome
