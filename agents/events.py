@@ -286,7 +286,28 @@ _CHUNK = 600_000  # bytes per read-back exec (base64 stays under the 1 MiB outpu
 
 
 class AgentInstallError(RuntimeError):
-    """The agent CLI could not be installed in the environment."""
+    """The agent CLI could not be installed in the environment (the trial's ``env_error``, retried)."""
+
+
+def _install_secrets(variables: dict[str, str], api_key: str | None) -> list[str]:
+    """What an install's output must not show: the agent's key, every secret-looking host variable's
+    value, and passwords inside the proxy and index URLs handed to the install."""
+    from urllib.parse import urlsplit
+
+    from saasbench.environments.base import is_secret_name
+
+    out = [v for k, v in os.environ.items() if v and is_secret_name(k)]
+    out += [api_key] if api_key else []
+    for value in variables.values():
+        for word in value.split(","):
+            if "://" in word:
+                try:
+                    password = urlsplit(word.strip()).password
+                except ValueError:
+                    password = None
+                if password:
+                    out.append(password)
+    return out
 
 
 def prompt_word(prompt_file: str) -> str:
@@ -361,17 +382,29 @@ class CLIAgent(Agent):
 
     # --- install -------------------------------------------------------------------------------------
     def install(self, env: Environment) -> None:
+        """Run :meth:`install_command` (then :meth:`version_command`) in ``env`` with the host's proxy, CA and
+        package-index variables (:data:`saasbench.environments.base.INSTALL_ENV`); a failure raises
+        :class:`AgentInstallError` carrying the tool's own last output lines, secrets redacted."""
+        from saasbench.environments.base import install_env
+
         cmd = self.install_command()
-        res = env.exec(cmd, timeout_s=self.install_timeout_s)
+        variables = install_env()
+        secrets = _install_secrets(variables, self.api_key)
+        res = env.exec(cmd, timeout_s=self.install_timeout_s, env=variables)
         if not res.ok:
             why = "timed out" if res.timed_out else f"exited {res.exit_code}"
             tail = "\n".join((res.stderr.strip() or res.stdout.strip()).splitlines()[-15:])
-            raise AgentInstallError(f"{self.name}: `{cmd}` {why} after at most {self.install_timeout_s:g}s\n{tail}")
+            raise AgentInstallError(
+                redact_text(f"{self.name}: `{cmd}` {why} after at most {self.install_timeout_s:g}s\n{tail}", secrets)
+            )
         check = self.version_command()
         if check:
-            res = env.exec(self._with_path(check), timeout_s=120)
+            res = env.exec(self._with_path(check), timeout_s=120, env=variables)
             if not res.ok:
-                raise AgentInstallError(f"{self.name}: installed, but `{check}` failed: {res.stderr.strip()[-500:]}")
+                out = (res.stderr.strip() or res.stdout.strip())[-500:]
+                raise AgentInstallError(
+                    redact_text(f"{self.name}: installed, but `{check}` exited {res.exit_code}: {out}", secrets)
+                )
 
     # --- run -------------------------------------------------------------------------------------------
     def _with_path(self, cmd: str) -> str:

@@ -6,7 +6,7 @@ import datetime as _dt
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -27,6 +27,52 @@ LakeOption = Annotated[
         help=f"Lake root: folder, file:///..., s3://bucket/prefix (default ${LAKE_ENV} or {settings.DEFAULT_LAKE})",
     ),
 ]
+
+
+# --- the LLM judge's options, the same on evaluate, run, sweep and rescore (JudgeConfig fields) ------------
+JudgeModel = Annotated[
+    Optional[str],
+    typer.Option(
+        "--judge-model", help="litellm model of the LLM judge for llm-judge nodes (without one they are SKIPPED_LLM)"
+    ),
+]
+JudgeApiBase = Annotated[
+    Optional[str],
+    typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge (a gateway or local server)"),
+]
+JudgeKeyEnv = Annotated[
+    Optional[str], typer.Option("--judge-api-key-env", help="NAME of the environment variable holding the judge's key")
+]
+JudgeMaxTokens = Annotated[
+    Optional[int], typer.Option("--judge-max-tokens", min=1, help="Most tokens of one judge reply (default 1024)")
+]
+JudgeTemperature = Annotated[
+    Optional[float], typer.Option("--judge-temperature", help="Sampling temperature of the judge, 0-2 (default 0)")
+]
+JudgeTimeout = Annotated[
+    Optional[float], typer.Option("--judge-timeout", help="Seconds one judge call may take (default 120)")
+]
+JudgeVotes = Annotated[
+    Optional[int],
+    typer.Option("--judge-votes", min=1, help="k independent judge calls per node; median score, spread recorded"),
+]
+
+
+def judge_tuning(
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    timeout: float | None = None,
+    votes: int | None = None,
+) -> dict[str, Any]:
+    """The JudgeConfig fields the --judge-max-tokens/-temperature/-timeout/-votes options set (those given)."""
+    given = {"max_tokens": max_tokens, "temperature": temperature, "timeout_s": timeout, "votes": votes}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def judge_options_error(tuning: dict[str, Any]) -> str:
+    """The message for tuning options given with no judge to apply them to."""
+    names = {"max_tokens": "--judge-max-tokens", "temperature": "--judge-temperature", "timeout_s": "--judge-timeout"}
+    return "/".join(names.get(k, "--judge-votes") for k in tuning) + " need a judge: pass --judge-model"
 
 
 class Compat(str, Enum):

@@ -1,7 +1,9 @@
 """``saasbench evaluate``: score a running app with a validation DAG.
 
 ``run_evaluation`` is the command's core (load, check, run, write ``report.json``; ``nodes.jsonl``
-gets each node result as it is produced, so an interrupted run leaves what it scored) and
+gets each node result as it is produced, and ``report.json`` is rewritten atomically during the run
+with ``"complete": false`` and the nodes so far, so an interrupted run leaves a valid report of what it
+scored) and
 ``render_summary`` prints its result. Heavy imports (httpx, the engine, the judge) happen inside
 the functions, so importing this module stays light.
 """
@@ -18,7 +20,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from saasbench.cli.common import EXIT_CANNOT_RUN, Compat, fmt_num, fresh_dir, slug, timestamp
+from saasbench.cli.common import (
+    EXIT_CANNOT_RUN,
+    Compat,
+    JudgeApiBase,
+    JudgeKeyEnv,
+    JudgeMaxTokens,
+    JudgeModel,
+    JudgeTemperature,
+    JudgeTimeout,
+    JudgeVotes,
+    fmt_num,
+    fresh_dir,
+    judge_options_error,
+    judge_tuning,
+    slug,
+    timestamp,
+)
 from saasbench.cli.common import console as _console
 from saasbench.cli.common import err_console as _err_console
 from saasbench.cli.common import fail as _fail
@@ -177,7 +195,10 @@ def run_evaluation(
     judge_api_base: str | None = None,
     judge_api_key_env: str | None = None,
     judge_cache_dir: Path | None = None,
-    judge_votes: int = 1,
+    judge_votes: int | None = None,
+    judge_max_tokens: int | None = None,
+    judge_temperature: float | None = None,
+    judge_timeout: float | None = None,
     exec_spec: str | None = None,
     exec_env: dict[str, str] | None = None,
     exec_env_file: Path | None = None,
@@ -202,6 +223,9 @@ def run_evaluation(
         raise _fail("--node-timeout, --http-timeout and --max-response-bytes must be positive")
     if workspace is not None and not workspace.is_dir():
         raise _fail(f"workspace {workspace} does not exist or is not a directory")
+    tuning = judge_tuning(judge_max_tokens, judge_temperature, judge_timeout, judge_votes)
+    if tuning and not judge_model:
+        raise _fail(judge_options_error(tuning))
     result = load_dag_or_exit(dag_path, EXIT_CANNOT_RUN)
     dag = result.dag
     profile = None
@@ -254,7 +278,7 @@ def run_evaluation(
                     api_base=judge_api_base,
                     api_key_env=judge_api_key_env,
                     cache_dir=judge_cache_dir,
-                    votes=judge_votes,
+                    **tuning,
                 )
             )
         except ValidationError as exc:
@@ -274,6 +298,8 @@ def run_evaluation(
     engine_options = EngineOptions(
         only=list(only or []), categories=list(categories or []), dry_run=dry_run, quarantine=quarantine
     )
+    report_path = out_dir / "report.json"
+    partial = _PartialReport(report_path, dag, selected, base_url=base_url, compat=compat, quarantine=quarantine)
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -290,6 +316,7 @@ def run_evaluation(
         def tick(node_result) -> None:
             nodes_log.write(node_result.model_dump_json() + "\n")
             nodes_log.flush()
+            partial.add(node_result)
             progress.update(task, advance=1, description=f"{node_result.id} {node_result.status.value}")
 
         try:
@@ -303,14 +330,85 @@ def run_evaluation(
                 engine_options=engine_options,
                 on_node=tick,
             )
+        except BaseException:  # interrupted (Ctrl-C) or failed: report.json keeps every node scored so far
+            partial.write()
+            raise
         finally:
             nodes_log.close()
             if exec_target is not None:
                 exec_target.close()
         progress.update(task, description=f"done: {len(selected)} node(s)")
-    report_path = out_dir / "report.json"
-    report_path.write_text(report.model_dump_json(indent=2), encoding="utf-8")
+    report = report.model_copy(update={"complete": True, "nodes_planned": len(selected)})
+    write_atomic(report_path, report.model_dump_json(indent=2))
     return report, report_path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, flushed to disk, then renamed over it,
+    so a reader (or a run killed mid-write) never sees a half-written file."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class _PartialReport:
+    """report.json while ``evaluate`` runs: rewritten atomically (:func:`write_atomic`) with ``complete: false``
+    and the nodes scored so far, after the first node and then at most every ``every_s`` seconds (and once
+    more when the run is interrupted), so a run killed at any point leaves a valid, loadable report; the
+    final write marks it complete. nodes.jsonl has every node the moment it is scored."""
+
+    def __init__(
+        self,
+        path: Path,
+        dag,
+        selected: list,
+        *,
+        base_url: str,
+        compat: str,
+        quarantine: set[str],
+        every_s: float = 1.0,
+    ):
+        import datetime as dt
+        import time
+
+        self.path, self.dag, self.planned = path, dag, len(selected)
+        self.base_url, self.compat, self.quarantine, self.every_s = base_url, compat, quarantine, every_s
+        self.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.t0 = time.perf_counter()
+        self.nodes: list = []
+        self.last: float | None = None
+
+    def add(self, node_result) -> None:
+        import time
+
+        self.nodes.append(node_result)
+        if self.last is None or time.perf_counter() - self.last >= self.every_s:
+            self.write()
+
+    def write(self) -> None:
+        import time
+
+        from saasbench.evaluation.engine import build_report
+
+        report = build_report(
+            self.dag,
+            list(self.nodes),
+            started_at=self.started_at,
+            elapsed_s=time.perf_counter() - self.t0,
+            quarantined=sorted(self.quarantine & {n.id for n in self.nodes}),
+        ).model_copy(
+            update={"base_url": self.base_url, "compat": self.compat, "complete": False, "nodes_planned": self.planned}
+        )
+        try:
+            write_atomic(self.path, report.model_dump_json(indent=2))
+        except OSError as exc:  # a full disk must not end the evaluation: nodes.jsonl and the final write remain
+            _err_console().print(f"[yellow]warning:[/] cannot update {escape(str(self.path))}: {escape(str(exc))}")
+        self.last = time.perf_counter()
 
 
 def evaluate(
@@ -364,25 +462,17 @@ def evaluate(
             "--db-dsn", help="App database for P08-P11: postgresql://, sqlite:////abs/path, mysql://, mongodb://"
         ),
     ] = None,
-    judge_model: Annotated[
-        Optional[str],
-        typer.Option("--judge-model", help="litellm model string for P17; without it judge nodes are SKIPPED_LLM"),
-    ] = None,
-    judge_api_base: Annotated[
-        Optional[str],
-        typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge (a gateway or local server)"),
-    ] = None,
-    judge_api_key_env: Annotated[
-        Optional[str],
-        typer.Option("--judge-api-key-env", help="NAME of the environment variable holding the judge's API key"),
-    ] = None,
+    judge_model: JudgeModel = None,
+    judge_api_base: JudgeApiBase = None,
+    judge_api_key_env: JudgeKeyEnv = None,
     judge_cache_dir: Annotated[
         Optional[Path],
         typer.Option("--judge-cache-dir", help="Cache judge replies here (keyed by model, prompt and evidence)"),
     ] = None,
-    judge_votes: Annotated[
-        int, typer.Option("--judge-votes", min=1, help="k independent judge calls; median score, spread recorded")
-    ] = 1,
+    judge_votes: JudgeVotes = None,
+    judge_max_tokens: JudgeMaxTokens = None,
+    judge_temperature: JudgeTemperature = None,
+    judge_timeout: JudgeTimeout = None,
     exec_spec: Annotated[
         Optional[str],
         typer.Option(
@@ -442,6 +532,9 @@ def evaluate(
         judge_api_key_env=judge_api_key_env,
         judge_cache_dir=judge_cache_dir,
         judge_votes=judge_votes,
+        judge_max_tokens=judge_max_tokens,
+        judge_temperature=judge_temperature,
+        judge_timeout=judge_timeout,
         exec_spec=exec_spec,
         exec_env=exec_vars,
         exec_env_file=exec_env_file,

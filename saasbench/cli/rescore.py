@@ -9,10 +9,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from saasbench.cli.common import LakeOption
+from saasbench.cli.common import (
+    JudgeApiBase,
+    JudgeKeyEnv,
+    JudgeMaxTokens,
+    JudgeModel,
+    JudgeTemperature,
+    JudgeTimeout,
+    JudgeVotes,
+    LakeOption,
+    judge_tuning,
+)
 from saasbench.cli.common import console as _console
 from saasbench.cli.common import fail as _fail
-from saasbench.cli.sweep import JudgeApiBase, JudgeKeyEnv, JudgeModel
 
 
 def rescore_cmd(
@@ -23,6 +32,10 @@ def rescore_cmd(
     judge_model: JudgeModel = None,
     judge_api_base: JudgeApiBase = None,
     judge_api_key_env: JudgeKeyEnv = None,
+    judge_max_tokens: JudgeMaxTokens = None,
+    judge_temperature: JudgeTemperature = None,
+    judge_timeout: JudgeTimeout = None,
+    judge_votes: JudgeVotes = None,
     new_sweep_id: Annotated[
         str | None, typer.Option("--sweep-id", help="Id of the new sweep (default <sweep>-rescore-<time>)")
     ] = None,
@@ -36,6 +49,8 @@ def rescore_cmd(
 ) -> None:
     """Restore each trial's frozen end state, evaluate and judge it again, and write a new sweep linked
     to the original (parent sweep, DAG hash, judge model, harness version). The agents never run.
+    Without --judge-model the parent's judge is used; --judge-max-tokens/-temperature/-timeout/-votes
+    then change only those settings of it.
 
     Examples: saasbench rescore s1 --dag fixed-dag.json; saasbench rescore s1 --judge-only --judge-model openai/gpt-4o
     """
@@ -44,14 +59,16 @@ def rescore_cmd(
 
     if dag is not None and judge_only:
         raise _fail("--dag changes what is evaluated: it cannot go with --judge-only")
-    judge = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, None).get("judge")
+    tuning = judge_tuning(judge_max_tokens, judge_temperature, judge_timeout, judge_votes)
+    judge = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, None, tuning if judge_model else None)
     console = _console()
     try:
         result = rescore(
             sweep,
             lake=lake,
             dag=dag,
-            judge=judge,
+            judge=judge.get("judge"),
+            judge_settings=None if judge_model else tuning,
             sweep_id=new_sweep_id,
             judge_only=judge_only,
             say=lambda m: console.print(escape(m)),

@@ -22,6 +22,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from saasbench.cli.common import (
+    JudgeApiBase,
+    JudgeKeyEnv,
+    JudgeMaxTokens,
+    JudgeModel,
+    JudgeTemperature,
+    JudgeTimeout,
+    JudgeVotes,
+    judge_options_error,
+    judge_tuning,
+)
 from saasbench.cli.common import fail as _fail
 
 
@@ -37,16 +48,6 @@ def prefect_env() -> None:
         os.environ["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"saasbench-prefect-{os.getuid()}")
 
 
-JudgeModel = Annotated[
-    str | None,
-    typer.Option(
-        "--judge-model", help="litellm model of the LLM judge for llm-judge nodes (without one they are SKIPPED_LLM)"
-    ),
-]
-JudgeApiBase = Annotated[str | None, typer.Option("--judge-api-base", help="OpenAI-compatible base URL of the judge")]
-JudgeKeyEnv = Annotated[
-    str | None, typer.Option("--judge-api-key-env", help="NAME of the variable holding the judge's key")
-]
 GatewayFile = Annotated[
     Path | None,
     typer.Option(
@@ -56,23 +57,37 @@ GatewayFile = Annotated[
 
 
 def _judge_and_gateway(
-    judge_model: str | None, judge_api_base: str | None, judge_api_key_env: str | None, gateway: Path | None
+    judge_model: str | None,
+    judge_api_base: str | None,
+    judge_api_key_env: str | None,
+    gateway: Path | None,
+    tuning: dict | None = None,
+    base_judge: dict | None = None,
 ) -> dict:
-    """SweepSpec fields from the judge and gateway options (empty when none are given)."""
+    """SweepSpec fields from the judge and gateway options (empty when none are given). ``tuning``:
+    :func:`~saasbench.cli.common.judge_tuning` of the --judge-max-tokens/-temperature/-timeout/-votes
+    options; without --judge-model they apply to ``base_judge`` (a spec file's ``judge:``), else they
+    need --judge-model."""
     import yaml
 
     from saasbench.cli.common import require_extra
 
     out: dict = {}
+    tuning = tuning or {}
     if judge_model:
         require_extra("litellm", "judge", "--judge-model (the LLM judge)")
         out["judge"] = {
             "model": judge_model,
             **({"api_base": judge_api_base} if judge_api_base else {}),
             **({"api_key_env": judge_api_key_env} if judge_api_key_env else {}),
+            **tuning,
         }
     elif judge_api_base or judge_api_key_env:
         raise _fail("--judge-api-base/--judge-api-key-env need --judge-model")
+    elif tuning:
+        if not base_judge:
+            raise _fail(judge_options_error(tuning))
+        out["judge"] = {**base_judge, **tuning}
     if gateway is not None:
         require_extra("litellm", "gateway", "--gateway (the model gateway)")
         try:
@@ -97,6 +112,10 @@ def run_cmd(
     judge_model: JudgeModel = None,
     judge_api_base: JudgeApiBase = None,
     judge_api_key_env: JudgeKeyEnv = None,
+    judge_max_tokens: JudgeMaxTokens = None,
+    judge_temperature: JudgeTemperature = None,
+    judge_timeout: JudgeTimeout = None,
+    judge_votes: JudgeVotes = None,
     gateway: GatewayFile = None,
     no_prefect: Annotated[
         bool, typer.Option("--no-prefect", help="Run the trial's stages in this process without Prefect (debugging)")
@@ -114,7 +133,8 @@ def run_cmd(
         check_backend(backend)
     except ValueError as exc:
         raise _fail(f"--backend: {exc}") from None
-    extra = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway)
+    tuning = judge_tuning(judge_max_tokens, judge_temperature, judge_timeout, judge_votes)
+    extra = _judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway, tuning)
     try:
         spec = SweepSpec(
             sweep_id=sweep_id or f"run-{id_part(task)}-{id_part(agent)}",
@@ -180,6 +200,10 @@ def sweep_cmd(
     judge_model: JudgeModel = None,
     judge_api_base: JudgeApiBase = None,
     judge_api_key_env: JudgeKeyEnv = None,
+    judge_max_tokens: JudgeMaxTokens = None,
+    judge_temperature: JudgeTemperature = None,
+    judge_timeout: JudgeTimeout = None,
+    judge_votes: JudgeVotes = None,
     gateway: GatewayFile = None,
 ) -> None:
     """Run a sweep (tasks x agents x models x attempts); re-running a sweep id resumes it.
@@ -222,7 +246,10 @@ def sweep_cmd(
             data["llm_calls_per_provider"] = parse_llm_calls(llm_calls)
         except ValueError as exc:
             raise _fail(f"--llm-calls: {exc}") from None
-    data.update(_judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway))
+    tuning = judge_tuning(judge_max_tokens, judge_temperature, judge_timeout, judge_votes)
+    spec_judge = data.get("judge") or ({"model": data["judge_model"]} if data.get("judge_model") else None)
+    base_judge = spec_judge if isinstance(spec_judge, dict) else None
+    data.update(_judge_and_gateway(judge_model, judge_api_base, judge_api_key_env, gateway, tuning, base_judge))
     data.setdefault("sweep_id", "sweep-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
     try:
         spec = SweepSpec.model_validate(data)

@@ -63,11 +63,14 @@ __all__ = [
     "ExecResult",
     "FileTooLarge",
     "HostFolderFiles",
+    "INSTALL_ENV",
     "PathEscape",
     "Service",
     "ServiceError",
     "check_declared",
     "group_members",
+    "install_env",
+    "is_secret_name",
     "pid_alive",
     "self_check",
     "self_check_backend",
@@ -78,6 +81,53 @@ __all__ = [
 # The one EnvError (saasbench.failures): an environment that cannot do what was asked (start, exec,
 # file access) is the retryable env_error outcome wherever it surfaces.
 EnvError = _failures.EnvError
+
+# Host variables an agent's install command gets on every backend (``Agent.install``: npm, pip, uv
+# behind a proxy or a private registry, with a corporate CA): proxies, CA bundles, package indexes.
+# Only installs get them (the agent's own run and the app do not: a proxy would also catch their
+# calls to the model gateway); provider keys never (no name here holds one, and
+# :func:`install_env` drops secret-looking names anyway). On the Docker backend the values are
+# used as they are: a proxy on the host's 127.0.0.1 is not reachable from a container.
+INSTALL_ENV: tuple[str, ...] = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_CERT",
+    "npm_config_registry",
+    "NPM_CONFIG_REGISTRY",
+    "npm_config_cafile",
+    "NPM_CONFIG_CAFILE",
+    "UV_INDEX_URL",
+    "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+)
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable name looks like it holds a secret (API keys, tokens, passwords)."""
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)
+
+
+def install_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The :data:`INSTALL_ENV` variables set in ``environ`` (default: this process's environment),
+    minus secret-looking names: what an install command adds to its environment's own variables."""
+    source = os.environ if environ is None else environ
+    return {k: source[k] for k in INSTALL_ENV if source.get(k) and not is_secret_name(k)}
 
 
 class ServiceError(EnvError):

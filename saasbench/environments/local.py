@@ -35,6 +35,7 @@ from saasbench.environments.base import (
     Service,
     ServiceError,
     group_members,
+    is_secret_name,
 )
 from saasbench.services.workspace import confine
 
@@ -59,15 +60,8 @@ PASSTHROUGH_ENV = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
 )
-_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE")
 
 __all__ = ["PASSTHROUGH_ENV", "LocalEnvironment", "free_port", "host_env", "is_secret_name", "run_group"]
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable name looks like it holds a secret (API keys, tokens, passwords)."""
-    upper = name.upper()
-    return any(word in upper for word in _SECRET_WORDS)
 
 
 def host_env() -> dict[str, str]:

@@ -138,3 +138,11 @@ class RunReport(BaseModel):
     complexity_tiers: dict[str, Aggregate] = Field(default_factory=dict)
     nodes: list[NodeResult]
     quarantined: list[str] = Field(default_factory=list)
+    complete: bool = Field(
+        default=True,
+        description="False while the run goes on and when it was interrupted: ``saasbench evaluate`` rewrites "
+        "report.json as nodes finish, so nodes, summary and aggregates then cover the nodes scored so far",
+    )
+    nodes_planned: int | None = Field(
+        default=None, description="Nodes the run was to evaluate (of a partial report: how far it got)"
+    )

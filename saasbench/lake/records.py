@@ -108,6 +108,7 @@ class TrialInfo:
     ended_at: Any = None
     agent_wall_s: float | None = None
     eval_s: float | None = None
+    budget: Any = None  # the agents.base.Budget (or a mapping of steps, wall_s, tool_call_s) the agent ran under
     app_ok: bool | None = None
     app_error: str | None = None
     report_uri: str | None = None
@@ -170,6 +171,9 @@ def trial_row(
         "agent_wall_s": info.agent_wall_s if info.agent_wall_s is not None else _get(trajectory, "wall_s"),
         "eval_s": info.eval_s if info.eval_s is not None else _get(summary, "elapsed_s"),
         "steps": _get(trajectory, "steps"),
+        "budget_steps": _get(info.budget, "steps"),
+        "budget_wall_s": _get(info.budget, "wall_s"),
+        "budget_tool_call_s": _get(info.budget, "tool_call_s"),
         "tokens_in": _get(trajectory, "tokens_in"),
         "tokens_out": _get(trajectory, "tokens_out"),
         "cost_usd": _get(trajectory, "cost_usd"),
@@ -441,8 +445,10 @@ def from_trial_result(
     model_calls: Iterable[Any] = (),
     discarded_model_calls: Iterable[Any] = (),
     end_states: Iterable[Mapping[str, Any]] = (),
+    budget: Any = None,
 ) -> TrialRows:
-    """Rows of a :class:`saasbench.runs.trial.TrialResult`. ``task`` is a Task or TaskSpec (for category,
+    """Rows of a :class:`saasbench.runs.trial.TrialResult`. ``budget``: the rollout's budget (default the
+    result's ``budget``, which a RolloutResult has). ``task`` is a Task or TaskSpec (for category,
     domain, tier); ``outcome`` defaults to ``voided_cheat`` when the trial voided the rollout, else to
     the trajectory's exit reason (agent outcomes only: infra outcomes are decided by whoever raised
     them and passed in); ``outcome_detail`` to the result's (the evidence of a voided trial)."""
@@ -465,6 +471,7 @@ def from_trial_result(
         complexity_tier=_get(spec, "complexity_tier"),
         started_at=started_at,
         ended_at=ended_at,
+        budget=budget if budget is not None else getattr(result, "budget", None),
         app_ok=getattr(result, "app_ok", None),
         app_error=getattr(result, "app_error", None),
         report_uri=report_uri,

@@ -1,14 +1,15 @@
 """The results lake's one schema: table names, columns, types, partitions. Versioned.
 
 Every stage writes rows through these schemas and every reader (DuckDB views, aggregation,
-reports) reads columns by these names. **Column names are stable**: every change of a table's
-columns (a rename, a new type, an added nullable column) bumps :data:`SCHEMA_VERSION`. Readers
-group files by the version their marker records and read one footer per group, so files of an
-older version get typed NULLs for the columns they lack; files of one version must have the same
-columns (a column added without a bump made every lake holding files from before and after it
-unqueryable: "schema mismatch in glob").
+reports) reads columns by these names. **Column names are stable**: columns are only added,
+nullable, and every addition bumps :data:`SCHEMA_VERSION`. Commit markers record the writer's
+version; readers take the files of the current version as they are and, for each older version,
+read the columns of one file's footer and give typed NULLs for the columns it lacks
+(:mod:`saasbench.lake.query`). A column added without a bump would make views over older files of
+the same version fail to bind. Renaming or retyping a column needs a migration, not just a bump.
 
-Versions: 1 (first); 2 adds model_calls.usage_source, usage_estimated, upstream_errors.
+Versions: 1 the first lake; 2 ``trials.budget_steps``/``budget_wall_s``/``budget_tool_call_s`` and
+``model_calls.usage_source``/``usage_estimated``/``upstream_errors``.
 
 Layout (keys relative to the lake root; ids are path-safe, see :func:`check_id`)::
 
@@ -162,6 +163,9 @@ TRIALS = pa.schema(
         _f("agent_wall_s", F64, "Wall clock of the rollout"),
         _f("eval_s", F64, "Wall clock of the DAG evaluation"),
         _f("steps", I64, "Agent steps"),
+        _f("budget_steps", I64, "The step budget the agent ran under (the sweep's budget, else the task's timeouts)"),
+        _f("budget_wall_s", F64, "The wall-clock budget of the rollout in seconds"),
+        _f("budget_tool_call_s", F64, "The budget of one tool call in seconds"),
         _f("tokens_in", I64, "Agent input tokens (metered by the model gateway when the trial used one)"),
         _f("tokens_out", I64, "Agent output tokens (metered by the model gateway when the trial used one)"),
         _f(

@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,13 +65,16 @@ def rescore(
     lake: str | None = None,
     dag: str | Path | None = None,
     judge: Any = None,
+    judge_settings: Mapping[str, Any] | None = None,
     sweep_id: str | None = None,
     judge_only: bool = False,
     say: Callable[[str], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> RescoreResult:
     """Rescore ``parent_sweep_id`` into a new sweep (see the module docstring). ``judge``: a JudgeConfig
-    (or mapping) replacing the parent's judge; ``dag``: a DAG file replacing each task's DAG."""
+    (or mapping) replacing the parent's judge; ``judge_settings``: JudgeConfig fields (max_tokens,
+    temperature, timeout_s, votes, ...) changed on the judge used (``judge``, else the parent's);
+    ``dag``: a DAG file replacing each task's DAG."""
     from saasbench import lake as lakelib
     from saasbench import settings
     from saasbench.runs import stages
@@ -106,6 +109,12 @@ def rescore(
     data.pop("judge_model", None)
     if judge is not None:
         data["judge"] = judge if isinstance(judge, dict) else judge.model_dump(mode="json")
+    if judge_settings:
+        if not data.get("judge"):
+            raise RescoreError(
+                f"judge settings ({', '.join(judge_settings)}) need a judge: the parent sweep has none, pass --judge-model"
+            )
+        data["judge"] = {**data["judge"], **judge_settings}
     if data.get("gateway"):  # rescoring never runs an agent: no model gateway
         data["gateway"] = None
     try:

@@ -298,12 +298,18 @@ def attempt_record_of(run: TrialRun, ro: Any, calls: Any, outage: Any) -> dict[s
 
 def trial_budget(run: TrialRun) -> Any:
     """The rollout budget: the task's timeouts, with the sweep's ``budget`` overriding what it sets."""
+    return spec_budget(run.spec, run.task)
+
+
+def spec_budget(spec: Any, task: Any) -> Any:
+    """The budget (``agents.base.Budget``) a trial of ``task`` in the sweep ``spec`` runs under; recorded
+    in its ``trials`` row (budget_steps, budget_wall_s, budget_tool_call_s)."""
     from saasbench.runs.trial import task_budget
 
-    b = run.spec.budget
+    b = spec.budget
     if b is None:
-        return task_budget(run.task)
-    return task_budget(run.task, steps=b.steps, wall_s=b.wall_s, tool_call_s=b.tool_call_s)
+        return task_budget(task)
+    return task_budget(task, steps=b.steps, wall_s=b.wall_s, tool_call_s=b.tool_call_s)
 
 
 def rollout_record(ro: Any, *, model_calls: Any = ()) -> dict[str, Any]:
@@ -516,6 +522,7 @@ def commit(run: TrialRun, *, judge_failure: BaseException | None = None) -> str:
             model_calls=ro.get("model_calls") or (),
             discarded_model_calls=attempt_calls(discarded),
             end_states=end_states,
+            budget=ro.get("budget"),
         )
         lakelib.write_trial(run.store, rows)
     except HarnessError:

@@ -312,11 +312,14 @@ def record_failure(
         log.warning("%s: reading the discarded rollouts failed: %s", trial.label, exc_read)
         discarded = []
     task_id = trial.task
+    budget = None
     try:
         from saasbench.catalog.tasks import load_task
+        from saasbench.runs.stages import spec_budget
 
         t = load_task(trial.task)
         task_id, spec_t = t.id, t.spec
+        budget = spec_budget(spec, t)  # what the agent would run (or ran) under, also for a trial that failed
     except Exception:  # noqa: BLE001
         spec_t = None
     info = lakelib.TrialInfo(
@@ -333,6 +336,7 @@ def record_failure(
         complexity_tier=getattr(spec_t, "complexity_tier", None),
         started_at=started_at,
         ended_at=_now(),
+        budget=budget,
     )
     events = {"events": attempt_events(discarded)} if discarded else None
     rows = lakelib.trial_rows(info, trajectory=events, discarded_model_calls=attempt_calls(discarded))
