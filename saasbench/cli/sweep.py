@@ -258,7 +258,13 @@ def sweep_cmd(
     console = Console()
     console.print(f"sweep {spec.sweep_id}: {len(plan(spec))} trial(s), lake {escape(spec.lake_uri)}")
     if no_prefect:
-        outcomes = run_sweep_plain(spec, on_done=lambda t, o: console.print(f"  {escape(t.label)}: {o}"))
+        from saasbench.failures import LakeError
+        from saasbench.lake.store import LakeStoreError
+
+        try:
+            outcomes = run_sweep_plain(spec, on_done=lambda t, o: console.print(f"  {escape(t.label)}: {o}"))
+        except (LakeError, LakeStoreError) as exc:  # the lake is down: one line, the sweep resumes later
+            raise _fail(str(exc)) from None
         agg = aggregate(spec)
         board, html = agg["markdown"], agg["html"]
     else:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from saasbench import lake as lakelib
 from saasbench import settings
-from saasbench.failures import HarnessError
+from saasbench.failures import HarnessError, LakeError
 from saasbench.runs.gateway import Gateway, GatewayConfig
 from saasbench.services import limits
 from saasbench.services.judge import JudgeConfig
@@ -382,9 +382,23 @@ def run_sweep_plain(
     todo = pending(spec, store)
     outcomes: dict[str, str] = {}
     lock = threading.Lock()
+    lake_down = threading.Event()  # set by the first trial that could not reach the lake
+    errors: list[BaseException] = []
+    not_started: list[str] = []
 
     def one(t: TrialSpec) -> None:
-        outcome = run_trial_retrying(t, spec, lake=store, sleep=sleep, gateway=gw)
+        if lake_down.is_set():  # nothing it did could be kept: leave it pending for the next run
+            with lock:
+                not_started.append(t.trial_id)
+            return
+        try:
+            outcome = run_trial_retrying(t, spec, lake=store, sleep=sleep, gateway=gw)
+        except Exception as exc:  # noqa: BLE001 - kept and re-raised after the pool (a lake failure stops the rest)
+            if is_lake_failure(exc):
+                lake_down.set()
+            with lock:
+                errors.append(exc)
+            return
         with lock:
             outcomes[t.trial_id] = outcome
         if on_done:
@@ -396,7 +410,30 @@ def run_sweep_plain(
     ):
         for fut in [pool.submit(one, t) for t in todo]:
             fut.result()
+    if lake_down.is_set():
+        first = next(e for e in errors if is_lake_failure(e))
+        raise LakeError(
+            f"sweep {spec.sweep_id}: the lake {store.uri} cannot be written ({first}); stopped: "
+            f"{len(not_started)} trial(s) not started, {len(outcomes)} committed; run the sweep again "
+            "once the lake is back (committed trials and finished stages are kept)"
+        ) from first
+    if errors:
+        raise errors[0]
     return outcomes
+
+
+def is_lake_failure(exc: BaseException) -> bool:
+    """A failure to write or read the lake (its object store), however deep in the cause chain."""
+    from saasbench.lake.store import LakeStoreError
+
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, (LakeError, LakeStoreError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 _SHARED_GATEWAYS: dict[str, Gateway] = {}
