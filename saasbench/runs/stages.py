@@ -183,6 +183,38 @@ def infra_errors(run: TrialRun, stage: str) -> Iterator[None]:
         raise
 
 
+class CommittedElsewhere(HarnessError):
+    """Another run of the same sweep committed this trial while this one ran (its checkpoints are
+    cleared at that commit): this run stops and keeps that result (``record_failure`` writes nothing).
+    ``outcome`` is the committed trial's."""
+
+    retryable = False
+
+    def __init__(self, message: str, outcome: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+def committed_outcome(store: Any, sweep_id: str, trial_id: str) -> str | None:
+    """The outcome of the trial if the lake holds it committed, else None."""
+    from saasbench import lake as lakelib
+
+    if not lakelib.is_committed(store, sweep_id, trial_id):
+        return None
+    rows = lakelib.query(
+        store, "SELECT outcome FROM trials WHERE trial_id = ?", [trial_id], sweep_id=sweep_id
+    ).to_pylist()
+    return str(rows[0]["outcome"]) if rows else None
+
+
+def _missing(run: TrialRun, what: str) -> HarnessError:
+    """A stage's input checkpoint is gone: another run of the sweep committed the trial, or it is an error."""
+    other = committed_outcome(run.store, run.spec.sweep_id, run.trial.trial_id)
+    if other is not None:
+        return CommittedElsewhere(f"{run.trial.label}: committed by another run of the sweep ({other})", other)
+    return EnvError(f"{run.trial.label}: {what}")
+
+
 # --- the stages -------------------------------------------------------------------------------------------
 def build_env(run: TrialRun) -> dict[str, Any]:
     """The task's image on a container backend (built once per content key); nothing to do on the local one."""
@@ -372,7 +404,7 @@ def evaluate(run: TrialRun, *, dag: Any = None) -> dict[str, Any]:
         return done
     frozen = ck.load("freeze")
     if frozen is None:
-        raise EnvError(f"{run.trial.label}: no frozen end state to evaluate")
+        raise _missing(run, "no frozen end state to evaluate")
     run._count("evaluate")
     run.task = run.task or _load_task(run.trial.task)
     if dag is None:
@@ -437,7 +469,7 @@ def judge(run: TrialRun) -> dict[str, Any]:
         return done
     ev = ck.load("evaluate")
     if ev is None:
-        raise EnvError(f"{run.trial.label}: nothing evaluated to judge")
+        raise _missing(run, "nothing evaluated to judge")
     run._count("judge")
     requests = [JudgeRequest.model_validate(r) for r in ev.get("judge_requests") or []]
     stage_calls = list(ev.get("judge_stage_calls") or [])  # calls of earlier tries of this stage
@@ -476,7 +508,7 @@ def commit(run: TrialRun, *, judge_failure: BaseException | None = None) -> str:
     ev = ck.load("evaluate")
     judged = ck.load("judge")
     if ro is None or ev is None:
-        raise EnvError(f"{run.trial.label}: nothing to commit (rollout or evaluation missing)")
+        raise _missing(run, "nothing to commit (rollout or evaluation missing)")
     run.task = run.task or _load_task(run.trial.task)
     source = judged or ev
     report = RunReport.model_validate(source["report"])

@@ -274,6 +274,9 @@ def run_trial(
         with Gateway(spec.gateway) as own:
             return run_trial(trial, spec, lake=lake, say=say, gateway=own, sleep=sleep, driver=driver)
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    done = stages.committed_outcome(store, spec.sweep_id, trial.trial_id)
+    if done is not None:  # committed since the sweep planned it (another run of the same sweep)
+        return done
     watch = _OBSERVERS.get(spec.sweep_id)
     run = stages.TrialRun(
         trial=trial,
@@ -304,6 +307,8 @@ def record_failure(
     from saasbench.runs.outages import attempt_calls, attempt_events
 
     store = lakelib.lake_from_uri(lake if lake is not None else spec.lake_uri)
+    if isinstance(exc, stages.CommittedElsewhere):
+        return exc.outcome  # never overwrite the other run's result
     outcome = outcome_of(exc)
     ck = stages.Checkpoints(store, spec.sweep_id, trial.trial_id)
     try:
