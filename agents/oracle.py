@@ -45,8 +45,14 @@ class OracleAgent(Agent):
                 "agent_error", f"task {task.id} has no reference implementation (task.yaml reference.source)"
             )
         copied = 0
+        root = Path(os.path.realpath(task.root))
         for path in _files(source):
             rel = path.relative_to(source).as_posix()
+            real = Path(os.path.realpath(path))
+            if root not in real.parents:  # a symlink out of the task folder never pulls host files in
+                return traj.finish(
+                    "agent_error", f"reference file {rel} is a symlink to {real}, outside the task folder: refused"
+                )
             executable = os.access(path, os.X_OK)
             env.write_file(rel, path.read_bytes(), mode=0o755 if executable else None)
             copied += 1

@@ -20,12 +20,20 @@ so no test file has to remember them:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from dockerd import busybox_image, docker_client, postgres_image, python_image  # noqa: F401 - shared fixtures
 from pgserver import mariadb_server, mongo_server, postgres_server  # noqa: F401 - shared fixtures
 from s3server import s3_server  # noqa: F401 - shared fixture
+
+# CLI output must not depend on the terminal the suite runs in or on the length of a temporary path: every
+# rich console (the commands' and typer's help) is this wide, whatever the terminal (rich reads COLUMNS when a
+# console is made; without it a console on a terminal takes the terminal's width, elsewhere 80 columns).
+# Error lines are never wrapped anyway (saasbench.cli.common.fail).
+os.environ["COLUMNS"] = "500"
+os.environ.pop("LINES", None)
 
 FIXTURE_MARKS = {
     "docker_client": "docker",
@@ -71,6 +79,8 @@ TEST_MARKS = {
     # a writer / compactor in a Python subprocess (a fresh import of the lake), killed with SIGKILL mid-way
     ("test_lake", "test_sigkill_mid_write_shows_old_or_new_never_partial"): ("slow",),
     ("test_lake_batch", "test_sigkill_during_compaction"): ("slow",),
+    # the CLI in a subprocess starting the embedded Prefect server with a zero start timeout (~15 s)
+    ("test_adversarial_inputs", "test_embedded_prefect_not_starting_names_the_setting_and_no_prefect"): ("prefect",),
 }
 # fixtures parametrised over a service: the parameter value that needs it
 PARAM_MARKS = {("lake", "s3"): "s3"}

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("saasbench.evaluation",),
     ("saasbench.services",),
     ("saasbench.dag",),
-    ("saasbench.settings", "saasbench.failures", "saasbench.redaction"),
+    ("saasbench.settings", "saasbench.failures", "saasbench.redaction", "saasbench.inputs"),
 ]
 # Declared exceptions, each with its reason (keep this list short; docs/architecture.md repeats it).
 ALLOWED = {

@@ -11,7 +11,7 @@ import yaml
 from test_environment_local import make_task
 
 from saasbench.agents.base import Agent, Trajectory
-from saasbench.catalog.tasks import load_task, load_task_dir
+from saasbench.catalog.tasks import TaskError, load_task, load_task_dir
 from saasbench.failures import TaskDefect
 from saasbench.runs.trial import integrity_targets, run_local_trial, run_rollout
 
@@ -113,8 +113,12 @@ def test_declared_integrity_paths_void_on_any_change(tmp_path: Path) -> None:
 
 
 def test_integrity_path_outside_the_workspace_is_a_task_defect(tmp_path: Path) -> None:
-    task = load_task_dir(with_integrity_paths(make_task(tmp_path / "tasks").root, ["../secrets"]))
-    with pytest.raises(TaskDefect, match="integrity_paths"):
+    folder = with_integrity_paths(make_task(tmp_path / "tasks").root, ["../secrets"])
+    with pytest.raises(TaskError, match=r"task.yaml: integrity_paths\[0\] '../secrets' leads outside the workspace"):
+        load_task_dir(folder)  # refused when the task loads (docs/tasks.md "Paths in task.yaml") ...
+    task = load_task_dir(make_task(tmp_path / "other").root)
+    task.spec.integrity_paths = ["../secrets"]
+    with pytest.raises(TaskDefect, match="integrity_paths"):  # ... and by the trial, should one get through
         integrity_targets(task)
 
 

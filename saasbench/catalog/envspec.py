@@ -23,8 +23,9 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from saasbench.inputs import InputError, load_yaml
 
 if TYPE_CHECKING:
     from saasbench.catalog.tasks import Task
@@ -564,11 +565,9 @@ def import_compose(
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        data = load_yaml(path, what="compose file")
+    except InputError as exc:
+        raise SpecError(str(exc)) from None
     if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
         raise SpecError(f"{path}: no services: mapping")
     validate_compose(data, str(path))

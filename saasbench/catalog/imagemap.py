@@ -26,11 +26,11 @@ import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from saasbench import settings
 from saasbench.catalog.envspec import EnvSpec, HealthcheckSpec, SpecError
+from saasbench.inputs import InputError, load_yaml
 
 if TYPE_CHECKING:
     from saasbench.catalog.tasks import Task
@@ -85,11 +85,9 @@ def user_map_path() -> Path:
 def read_image_map(path: Path) -> ImageMap:
     """Parse one image-map file; :class:`SpecError` names the file and the bad entry."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+        raw = load_yaml(path, what="image map") or {}
+    except InputError as exc:
+        raise SpecError(str(exc)) from None
     return _validate(raw, str(path))
 
 

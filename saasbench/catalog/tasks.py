@@ -17,8 +17,10 @@ The catalogue root is ``$SAASBENCH_TASKS_DIR`` or the repository's ``tasks/`` fo
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from saasbench import settings
 from saasbench.catalog.prompt_facts import PromptFacts
+from saasbench.inputs import InputError, check_id, check_relative, confine, load_yaml
 from saasbench.services.auth import AuthProfile
 
 TASK_FILE = "task.yaml"
@@ -35,6 +38,8 @@ PRD_FILE = "task.md"
 KB_FILE = "knowledge_base.json"
 DAG_FILE = "dag.json"
 MAX_PROMPT_CHARS = 1_000_000  # prompt_for_model.md is read up to this many characters
+IMPORT_MAX_FILE_BYTES = 256 * 1024 * 1024  # `tasks import`: the largest file it copies (sources, not data)
+IMPORT_MAX_TOTAL_BYTES = 1024 * 1024 * 1024  # `tasks import`: the most it copies from one task folder
 
 Domain = Literal["CG", "PC", "CF", "DCI", "SI", "DW"]
 
@@ -123,6 +128,12 @@ class TaskSpec(_Open):
         "voids the trial (voided_cheat). Unset: the staged PRD and KB copies are hashed and a change is only reported "
         "(severity warn), since no evaluator reads them",
     )
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        # the lake's own rule: a task id the lake would refuse fails here, not after a whole trial
+        return check_id(value, "task id")
 
     @field_validator("exec_env", mode="before")
     @classmethod
@@ -250,11 +261,9 @@ def load_task_dir(folder: str | Path) -> Task:
     folder = Path(folder)
     path = folder / TASK_FILE
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TaskError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise TaskError(f"{path}: invalid YAML: {exc}") from None
+        raw = load_yaml(path, what="task.yaml")
+    except InputError as exc:
+        raise TaskError(str(exc)) from None
     if not isinstance(raw, dict):
         raise TaskError(f"{path}: top level must be a mapping")
     raw.setdefault("id", folder.name)
@@ -263,8 +272,36 @@ def load_task_dir(folder: str | Path) -> Task:
     except ValidationError as exc:
         raise TaskError(f"{path}: {_errors(exc)}") from None
     task = Task(root=folder.resolve(), spec=spec)
+    check_task_paths(task)
     _ = task.exec_env_path  # a missing or escaping exec_env_file is a load error, not a trial failure
     return task
+
+
+def check_task_paths(task: Task) -> None:
+    """Every path task.yaml names stays inside its folder: the task folder for ``prd``, ``knowledge_base``,
+    ``dag``, ``reference.source``, ``exec_env_file`` and ``environment.compose`` (relative, no ``..`` out,
+    symlinks resolved and checked), the workspace for ``database.path`` and ``integrity_paths`` (relative,
+    no ``..`` out). Raises :class:`TaskError` naming task.yaml and the field."""
+    spec = task.spec
+    in_task: list[tuple[str, Any]] = [
+        ("prd", spec.prd),
+        ("knowledge_base", spec.knowledge_base),
+        ("dag", spec.dag),
+        ("reference.source", spec.reference.source if spec.reference is not None else None),
+        ("exec_env_file", spec.exec_env_file),
+        ("environment.compose", (spec.environment or {}).get("compose")),
+    ]
+    in_workspace: list[tuple[str, Any]] = [("database.path", spec.database.path if spec.database else None)]
+    in_workspace += [(f"integrity_paths[{i}]", p) for i, p in enumerate(spec.integrity_paths or [])]
+    try:
+        for what, value in in_task:
+            if value is not None:
+                confine(task.root, str(value), what)
+        for what, value in in_workspace:
+            if value is not None:
+                check_relative(str(value), what, "the workspace")
+    except InputError as exc:
+        raise TaskError(f"{task.root / TASK_FILE}: {exc}") from None
 
 
 def find_tasks(root: str | Path | None = None, *, errors: list[str] | None = None) -> list[Task]:
@@ -378,8 +415,8 @@ def _ports(value: Any) -> list[tuple[int | None, int]]:
 def _compose_facts(compose: Path, warnings: list[str]) -> dict[str, Any]:
     """Database engine/version/credentials and the app port read from docker-compose.yml."""
     try:
-        data = yaml.safe_load(compose.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        data = load_yaml(compose, what="compose file") or {}
+    except InputError as exc:
         warnings.append(f"cannot read {compose.name}: {exc}")
         return {}
     services = data.get("services") if isinstance(data, dict) else None
@@ -501,6 +538,96 @@ def _users_profile(facts: Any) -> dict[str, Any] | None:
     return {"users": users, "default_role": next(iter(users))} if users else None
 
 
+def _mb(n: int) -> str:
+    return f"{n / (1024 * 1024):,.0f} MB" if n >= 1024 * 1024 else f"{n:,} bytes"
+
+
+class _ImportPlan:
+    """What ``tasks import`` copies, checked before anything is written: regular files (and folders) whose
+    real path is inside the source task folder, each at most :data:`IMPORT_MAX_FILE_BYTES`, together at most
+    :data:`IMPORT_MAX_TOTAL_BYTES`. A symlink is followed when it stays inside the folder (its target is
+    copied as a file) and refused when it leaves it; anything else (a FIFO, a device, a dangling link) is
+    refused. Refused means :class:`TaskError` and nothing imported."""
+
+    def __init__(self, root: Path):
+        self.root = Path(os.path.realpath(root))
+        self.items: list[tuple[Path, str]] = []  # (real source path, destination path relative to the task)
+        self.total = 0
+
+    def _real(self, path: Path) -> Path:
+        real = Path(os.path.realpath(path))
+        if real != self.root and self.root not in real.parents:
+            raise TaskError(
+                f"{path}: a symlink to {real}, outside the task folder {self.root}: refused "
+                "(tasks import copies only files inside the task folder; replace the link with the file)"
+            )
+        return real
+
+    def file(self, path: Path, dest: str, *, confined: bool = True) -> Path:
+        real = self._real(path) if confined else Path(os.path.realpath(path))
+        try:
+            st = os.stat(real)
+        except OSError as exc:
+            raise TaskError(f"{path}: cannot read ({exc.strerror or exc}): refused (a dangling symlink?)") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskError(f"{path}: not a regular file: refused (tasks import copies regular files and folders only)")
+        if st.st_size > IMPORT_MAX_FILE_BYTES:
+            raise TaskError(
+                f"{path}: {_mb(st.st_size)}, over the {_mb(IMPORT_MAX_FILE_BYTES)} tasks import copies per file "
+                "(a task folder holds sources, not data: remove the file or keep it outside the task folder)"
+            )
+        self.total += st.st_size
+        if self.total > IMPORT_MAX_TOTAL_BYTES:
+            raise TaskError(
+                f"{self.root}: over {_mb(IMPORT_MAX_TOTAL_BYTES)} to copy (at {path}): refused "
+                "(a task folder holds sources, not data: remove the large files)"
+            )
+        self.items.append((real, dest))
+        return real
+
+    def tree(self, folder: Path, dest: str, skip: tuple[str, ...] = ()) -> None:
+        """Every file under ``folder`` (``skip``: names left out at its top level)."""
+        active: set[Path] = set()
+
+        def walk(path: Path, rel: str) -> None:
+            real = self._real(path)
+            if real in active:
+                raise TaskError(f"{path}: a symlink loop (it leads back to {real}): refused")
+            active.add(real)
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                if not rel and entry.name in skip:
+                    continue
+                child, child_rel = Path(entry.path), f"{rel}/{entry.name}" if rel else entry.name
+                if entry.is_dir(follow_symlinks=True):
+                    walk(child, child_rel)
+                else:
+                    self.file(child, f"{dest}/{child_rel}")
+            active.discard(real)
+
+        walk(folder, "")
+
+    def write(self, dest_root: Path) -> None:
+        for real, rel in self.items:
+            target = dest_root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(real, "rb") as fin, open(target, "wb") as fout:
+                # at most the cap even if the file grew since it was checked
+                shutil.copyfileobj(_Capped(fin, IMPORT_MAX_FILE_BYTES), fout)
+            shutil.copystat(real, target)
+
+
+class _Capped:
+    def __init__(self, fh: Any, limit: int):
+        self.fh, self.left = fh, limit
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = self.fh.read(self.left if n < 0 else min(n, self.left))
+        self.left -= len(data)
+        return data
+
+
 def import_public_task(
     src: str | Path, dest_root: str | Path | None = None, *, overwrite: bool = False, dag: str | Path | None = None
 ) -> ImportResult:
@@ -526,6 +653,10 @@ def import_public_task(
         raise TaskError(f"{src}: not a folder")
     m = re.fullmatch(r"task_([A-Za-z0-9_-]+)", src.name)
     task_id = m.group(1) if m else src.name
+    try:
+        check_id(task_id, "task id")  # the lake's rule: refused now, not when the first trial commits
+    except ValueError as exc:
+        raise TaskError(f"{src}: {exc} (rename the folder task_<id>)") from None
     public_id = f"task_{task_id}"
     warnings: list[str] = []
     inner, check, evaluate = _find_public_dirs(src, public_id, warnings)
@@ -534,6 +665,26 @@ def import_public_task(
             f"{src}: not a public SaaSBench task folder (expected tasks/{public_id}/ and check/{public_id}_e/evaluate/)"
         )
     dag_src = _pick_dag(evaluate, Path(dag) if dag is not None else None, warnings)
+
+    # Every file to copy, checked before any is read or written (symlinks, special files, sizes).
+    plan = _ImportPlan(src)
+    if dag_src is not None:
+        dag_src = plan.file(dag_src, DAG_FILE, confined=dag is None)  # a --dag file is the user's own choice
+    if evaluate is not None and (evaluate / "scoring_config.json").is_file():
+        plan.file(evaluate / "scoring_config.json", "scoring_config.json")
+    prd = inner / "task" / PRD_FILE if inner is not None else None
+    prd = plan.file(prd, PRD_FILE) if prd is not None and prd.is_file() else None
+    kb = inner / "kb" / KB_FILE if inner is not None else None
+    kb = plan.file(kb, KB_FILE) if kb is not None and kb.is_file() else None
+    prompt = check / "prompt_for_model.md" if check is not None else None
+    prompt = plan.file(prompt, "prompt_for_model.md") if prompt is not None and prompt.is_file() else None
+    docker = inner / "docker" if inner is not None else None
+    if docker is not None and docker.is_dir():
+        plan.tree(docker, "environment", skip=("workspace",))
+        docker = Path(os.path.realpath(docker))
+    else:
+        docker = None
+
     loaded = None
     if dag_src is not None:
         try:
@@ -545,9 +696,8 @@ def import_public_task(
                 + (f" (+{len(exc.issues) - 10} more)" if len(exc.issues) > 10 else "")
             ) from None
 
-    prompt = check / "prompt_for_model.md" if check is not None else None
     facts = None
-    if prompt is not None and prompt.is_file():
+    if prompt is not None:
         with prompt.open(encoding="utf-8", errors="replace") as fh:  # real prompts are ~10 KB; a huge file is capped
             facts = parse_prompt_for_model(fh.read(MAX_PROMPT_CHARS), source=str(prompt))
         warnings += [f"prompt_for_model.md: {w}" for w in facts.warnings]
@@ -561,31 +711,23 @@ def import_public_task(
             raise TaskError(f"{dest} already exists (use overwrite to replace it)")
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    plan.write(dest)
 
-    if dag_src is not None:
-        shutil.copy2(dag_src, dest / DAG_FILE)
-    if evaluate is not None and (evaluate / "scoring_config.json").is_file():
-        shutil.copy2(evaluate / "scoring_config.json", dest / "scoring_config.json")
     title = None
-    prd = inner / "task" / PRD_FILE if inner is not None else None
-    if prd is not None and prd.is_file():
-        shutil.copy2(prd, dest / PRD_FILE)
+    if prd is not None:
         title = _first_heading(prd.read_text(encoding="utf-8", errors="replace"))
     else:
         warnings.append("no task/task.md (the PRD is published separately: `saasbench tasks fetch` downloads it)")
-    kb = inner / "kb" / KB_FILE if inner is not None else None
-    if kb is not None and kb.is_file():
+    if kb is not None:
         try:
             parse_kb(json.loads(kb.read_text(encoding="utf-8-sig")), source=str(kb))
         except (json.JSONDecodeError, TaskError) as exc:
             warnings.append(
                 f"knowledge base does not match {{id, question, answer, source_reference, confidence}}: {exc}"
             )
-        shutil.copy2(kb, dest / KB_FILE)
     else:
         warnings.append("no kb/knowledge_base.json (published separately: `saasbench tasks fetch` downloads it)")
-    if prompt is not None and prompt.is_file():
-        shutil.copy2(prompt, dest / "prompt_for_model.md")
+    if prompt is not None:
         title = (
             (facts.product if facts is not None else None)
             or title
@@ -594,14 +736,7 @@ def import_public_task(
 
     compose_facts: dict[str, Any] = {}
     environment: dict[str, Any] = {}
-    docker = inner / "docker" if inner is not None else None
-    if docker is not None and docker.is_dir():
-        shutil.copytree(
-            docker,
-            dest / "environment",
-            ignore=lambda d, names: ["workspace"] if Path(d) == docker else [],
-            symlinks=True,
-        )
+    if docker is not None:
         compose = next(
             (n for n in ("docker-compose.yml", "docker-compose.yaml", "compose.yaml") if (docker / n).is_file()), None
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -18,6 +19,7 @@ EXIT_NOT_VALID = 1  # the command ran and found a problem (a DAG with errors, a 
 EXIT_CANNOT_RUN = 2  # the command could not do its job (bad arguments, missing input)
 
 LAKE_ENV = "SAASBENCH_LAKE"
+ENDPOINT_ENV = "SAASBENCH_S3_ENDPOINT"
 
 LakeOption = Annotated[
     Optional[str],
@@ -90,10 +92,58 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+_debug = False  # the global --debug flag (set by the app's callback on every invocation)
+
+
+def set_debug(on: bool) -> None:
+    global _debug
+    _debug = on
+
+
+def debug_enabled() -> bool:
+    return _debug
+
+
 def fail(message: str, code: int = EXIT_CANNOT_RUN) -> typer.Exit:
-    """Print a one-line error to stderr; ``raise fail(...)`` ends the command with ``code``."""
-    err_console().print(f"[bold red]error:[/] {escape(message)}")
+    """Print a one-line error to stderr; ``raise fail(...)`` ends the command with ``code``.
+
+    One line whatever the terminal width (the terminal wraps it, rich does not). With ``--debug``
+    the traceback of the exception being handled, if any, is printed first."""
+    err = err_console()
+    if _debug and sys.exc_info()[1] is not None:
+        err.print_exception()
+    err.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}", soft_wrap=True)
     return typer.Exit(code)
+
+
+_PREFECT_START_TIMEOUT = "Timed out while attempting to connect to ephemeral Prefect API server"
+
+
+def _is(exc: BaseException, module: str, name: str) -> bool:
+    """``isinstance(exc, module.name)`` without importing ``module`` (not loaded: it raised nothing)."""
+    cls = getattr(sys.modules.get(module), name, None)
+    return isinstance(cls, type) and isinstance(exc, cls)
+
+
+def user_error(exc: BaseException) -> str | None:
+    """The one-line message (with its fix) of an error a user can fix that reached the top of a command
+    uncaught, or None for anything else (a bug: its traceback is shown)."""
+    if _is(exc, "saasbench.inputs", "InputError") or _is(exc, "saasbench.catalog.tasks", "TaskError"):
+        return str(exc)
+    if _is(exc, "saasbench.lake.store", "LakeStoreError"):
+        return (
+            f"{exc} (is the store up? for s3:// lakes check {ENDPOINT_ENV}, the AWS credentials and the bucket; "
+            "--lake runs/lake uses a local folder)"
+        )
+    if isinstance(exc, RuntimeError) and str(exc).startswith(_PREFECT_START_TIMEOUT):
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as timeout
+
+        return (
+            f"the embedded Prefect server did not start within {timeout.value()} s: raise "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (e.g. =90), point PREFECT_API_URL at a running server, "
+            "or run without Prefect (--no-prefect)"
+        )
+    return None
 
 
 def fmt_num(value: float | None, suffix: str = "") -> str:

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from saasbench.cli.common import EXIT_NOT_VALID, Compat, fmt_num
 from saasbench.cli.common import console as _console
-from saasbench.cli.common import err_console as _err_console
 from saasbench.cli.common import fail as _fail
 
 if TYPE_CHECKING:
@@ -72,17 +71,15 @@ def _dag_summary(result: "LoadResult") -> dict[str, Any]:
 
 
 def load_dag_or_exit(path: Path, code: int):
-    """Load a DAG for a command that needs one; print every error and exit ``code`` on failure."""
+    """Load a DAG for a command that needs one; on failure one error line (the first error, and how many more:
+    ``saasbench dag check`` lists them all) and exit ``code``."""
     from saasbench.dag import DagLoadError, load_dag
 
     try:
         return load_dag(path)
     except DagLoadError as exc:
-        err = _err_console()
-        for issue in exc.issues:
-            err.print(f"  [red]error[/] {escape(_issue_line(issue, with_file=True))}")
         first = exc.issues[0] if exc.issues else None
-        more = f" (+{len(exc.issues) - 1} more)" if len(exc.issues) > 1 else ""
+        more = f" (+{len(exc.issues) - 1} more: saasbench dag check {path} lists them)" if len(exc.issues) > 1 else ""
         raise _fail(f"cannot load DAG {path}: {_issue_line(first) if first else 'unknown error'}{more}", code) from None
 
 

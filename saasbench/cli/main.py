@@ -14,9 +14,13 @@ the app down.
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import typer
+from typer.core import TyperGroup
 
 from saasbench.cli.agents import agents_app
+from saasbench.cli.common import fail, set_debug, user_error
 from saasbench.cli.dag import dag_app
 from saasbench.cli.demo import demo
 from saasbench.cli.env import env_app
@@ -30,7 +34,24 @@ from saasbench.cli.sweep import run_cmd, sweep_cmd
 from saasbench.cli.tasks import tasks_app, validate_reference_cmd
 from saasbench.cli.version import version
 
+
+class _App(TyperGroup):
+    """The top-level group: an error a user can fix that no command caught (an unreadable input file, a lake
+    store that does not answer, the embedded Prefect server not starting) ends the command with one line and
+    exit 2 (:func:`saasbench.cli.common.user_error`); ``--debug`` shows its traceback instead."""
+
+    def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            message = None if ctx.params.get("debug") else user_error(exc)
+            if message is None:
+                raise
+            raise fail(message + " (--debug shows the traceback)") from None
+
+
 app = typer.Typer(
+    cls=_App,
     name="saasbench",
     help="Run the SaaSBench benchmark: check validation DAGs and score a running SaaS app with them.\n\n"
     "Example: saasbench demo",
@@ -38,6 +59,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _options(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback behind an error (put it before the command)")
+    ] = False,
+) -> None:
+    set_debug(debug)
+
 
 # `saasbench --help` lists the commands, then the groups, each in the order registered here.
 app.command("query")(query)

@@ -68,9 +68,8 @@ def _judge_and_gateway(
     :func:`~saasbench.cli.common.judge_tuning` of the --judge-max-tokens/-temperature/-timeout/-votes
     options; without --judge-model they apply to ``base_judge`` (a spec file's ``judge:``), else they
     need --judge-model."""
-    import yaml
-
     from saasbench.cli.common import require_extra
+    from saasbench.inputs import InputError, load_yaml
 
     out: dict = {}
     tuning = tuning or {}
@@ -91,9 +90,9 @@ def _judge_and_gateway(
     if gateway is not None:
         require_extra("litellm", "gateway", "--gateway (the model gateway)")
         try:
-            out["gateway"] = yaml.safe_load(gateway.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise _fail(f"cannot read {gateway}: {exc}") from None
+            out["gateway"] = load_yaml(gateway, what="gateway config") or {}
+        except InputError as exc:
+            raise _fail(str(exc)) from None
     return out
 
 
@@ -205,6 +204,9 @@ def sweep_cmd(
     judge_timeout: JudgeTimeout = None,
     judge_votes: JudgeVotes = None,
     gateway: GatewayFile = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check the spec and print the planned trials; run nothing")
+    ] = False,
 ) -> None:
     """Run a sweep (tasks x agents x models x attempts); re-running a sweep id resumes it.
 
@@ -212,17 +214,18 @@ def sweep_cmd(
     """
     import datetime as dt
 
-    import yaml
-
+    from saasbench.inputs import InputError, load_yaml
     from saasbench.runs.sweep import SweepSpec, aggregate, plan, run_sweep_plain
     from saasbench.services.limits import parse_llm_calls
 
     data: dict = {}
     if spec_yaml is not None:
         try:
-            data = yaml.safe_load(spec_yaml.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise _fail(f"cannot read {spec_yaml}: {exc}") from None
+            data = load_yaml(spec_yaml, what="sweep spec") or {}
+        except InputError as exc:
+            raise _fail(str(exc)) from None
+        if not isinstance(data, dict):
+            raise _fail(f"{spec_yaml}: a sweep spec is a mapping (sweep_id, tasks, agents, ...)")
     for key, value in (
         ("tasks", task),
         ("agents", agent),
@@ -257,6 +260,10 @@ def sweep_cmd(
         raise _fail(f"invalid sweep spec: {exc}") from None
     console = Console()
     console.print(f"sweep {spec.sweep_id}: {len(plan(spec))} trial(s), lake {escape(spec.lake_uri)}")
+    if dry_run:
+        for t in plan(spec):
+            console.print(f"  {escape(t.label)}  ({escape(t.trial_id)})")
+        return
     if no_prefect:
         from saasbench.failures import LakeError
         from saasbench.lake.store import LakeStoreError

@@ -52,6 +52,8 @@ def tasks_list(
 ) -> None:
     """List the tasks of the catalogue: id, title, domain, database, port, readiness (ready / needs DAG, PRD, images).
 
+    A task that does not load is reported on its own line (the others are listed); exit 1 when there is one.
+
     Example: saasbench tasks list --root tasks/
     """
     from saasbench.catalog.tasks import docker_client_or_none, find_tasks, readiness, tasks_root
@@ -61,7 +63,11 @@ def tasks_list(
     client = docker_client_or_none() if images else None
     rows: list[dict[str, Any]] = []
     for t in tasks:
-        ready = readiness(t, docker_client=client)
+        try:
+            ready = readiness(t, docker_client=client)
+        except Exception as exc:  # noqa: BLE001 - one broken task never hides the others
+            errors.append(f"{t.root}: {' '.join(str(exc).split()) or type(exc).__name__}")
+            continue
         rows.append(
             {
                 "id": t.id,
@@ -84,7 +90,7 @@ def tasks_list(
         )
     if as_json:
         typer.echo(json.dumps({"tasks": rows, "errors": errors}, indent=2))
-        return
+        raise typer.Exit(EXIT_NOT_VALID if errors else 0)
     console = _console()
     if not rows and not errors:
         console.print(f"no tasks under {escape(str(root or tasks_root()))}")
@@ -103,7 +109,9 @@ def tasks_list(
     console.print(table)
     console.print(f"{len(rows)} task(s)")
     for e in errors:
-        console.print(f"[red]broken task:[/] {escape(e)}")
+        console.print(f"[red]broken task:[/] {escape(' '.join(e.split()))}", soft_wrap=True)
+    if errors:
+        raise typer.Exit(EXIT_NOT_VALID)
 
 
 @tasks_app.command("show")

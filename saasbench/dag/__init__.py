@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import graphlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saasbench.dag.placeholders import MUSTACHE, SHELL
+from saasbench.inputs import InputError, read_text
 
 Method = Literal["binary", "weighted", "llm-judge"]
 IssueKind = Literal["error", "warning", "normalisation"]
@@ -233,22 +235,26 @@ class _Collector:
         self.issues.append(Issue(kind=kind, file=self.file, node=node, field=field, message=message))
 
 
+MAX_DAG_BYTES = 64 * 1024 * 1024  # the largest public DAG is under 1 MB
+
+
 def load_dag(path: str | Path, *, validate_inputs: bool = True) -> LoadResult:
-    """Load and normalise a DAG file. Raises :class:`DagLoadError` listing every error."""
+    """Load and normalise a DAG file (UTF-8 JSON, at most :data:`MAX_DAG_BYTES`). Raises :class:`DagLoadError`
+    listing every error."""
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise DagLoadError(
-            [Issue(kind="error", file=file, message=f"cannot read file: {exc.strerror or exc}")]
-        ) from exc
+        text = read_text(path, max_bytes=MAX_DAG_BYTES, what="DAG file")
+    except InputError as exc:
+        raise DagLoadError([Issue(kind="error", file=file, message=str(exc).removeprefix(f"{file}: "))]) from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DagLoadError(
             [Issue(kind="error", file=file, message=f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}")]
         ) from exc
+    except RecursionError:
+        raise DagLoadError([Issue(kind="error", file=file, message="JSON nested too deeply")]) from None
     return load_dag_data(raw, source=file, validate_inputs=validate_inputs)
 
 
@@ -444,7 +450,7 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
             )
     value = as_number(max_score)
     if value is None:
-        c.add("error", f"maxScore must be a number, got {max_score!r}", node=node_id, field="scoring.maxScore")
+        c.add("error", f"maxScore must be a number (finite), got {max_score!r}", node=node_id, field="scoring.maxScore")
         return None
     if value < 0:
         c.add("error", f"maxScore must be >= 0, got {value:g}", node=node_id, field="scoring.maxScore")
@@ -463,17 +469,15 @@ def _load_scoring(rn: dict[str, Any], node_id: str, c: _Collector) -> Scoring | 
 
 
 def as_number(value: Any) -> float | None:
-    """A JSON number or numeric string as a float (booleans are not numbers); None otherwise."""
+    """A JSON number or numeric string as a finite float (booleans, NaN and infinities are not numbers here);
+    None otherwise."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) else None
+    except (ValueError, OverflowError):
+        return None
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _load_step(rs: Any, node_id: str, index: int, c: _Collector, validate_inputs: bool) -> Step | None:

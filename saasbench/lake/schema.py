@@ -36,11 +36,12 @@ in-file VARCHAR type, so ids like ``001`` stay strings.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
+
+from saasbench.inputs import check_id as check_id  # the lake's id rule, shared with task loading (saasbench/inputs.py)
 
 SCHEMA_VERSION = 2
 
@@ -92,19 +93,6 @@ EVIDENCE_CAP = 1024 * 1024  # step_results.evidence_json
 CONTENT_CAP = 64 * 1024  # trajectory_events.content
 DATA_CAP = 64 * 1024  # trajectory_events.data_json
 JUDGE_TEXT_CAP = 256 * 1024  # judge_calls.raw_reply / reasoning / rubric
-
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$")
-
-
-def check_id(value: str, what: str = "id") -> str:
-    """Ids become object-key segments: letters, digits and ``. _ : @ + -``, not starting with a
-    symbol, at most 200 characters. Anything else raises ``ValueError`` (never silently mangled)."""
-    if not isinstance(value, str) or not _ID_RE.match(value) or value in (".", ".."):
-        raise ValueError(
-            f"{what} {value!r} is not a valid lake id (letters, digits, '._:@+-', 1-200 chars, "
-            "starting with a letter or digit)"
-        )
-    return value
 
 
 def _ts() -> pa.DataType:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from saasbench import lake as lakelib
 from saasbench import settings
 from saasbench.failures import HarnessError, LakeError
+from saasbench.inputs import load_yaml
 from saasbench.runs.gateway import Gateway, GatewayConfig
 from saasbench.services import limits
 from saasbench.services.judge import JudgeConfig
@@ -154,7 +154,7 @@ class SweepSpec(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> SweepSpec:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        data = load_yaml(path, what="sweep spec") or {}  # InputError (one line naming the file) when unusable
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a sweep spec is a mapping")  # noqa: TRY004 - bad file content
         return cls.model_validate(data)

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urljoin, urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from saasbench.dag.placeholders import UnresolvedPlaceholder
+from saasbench.inputs import InputError, load_yaml
 from saasbench.services import saferegex
 from saasbench.services.http import ANONYMOUS, HttpResponse, Identity
 
@@ -390,11 +390,9 @@ class AuthProfileError(ValueError):
 def load_auth_profile(path: str | Path) -> AuthProfile:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise AuthProfileError(f"{path}: cannot read auth profile: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise AuthProfileError(f"{path}: invalid YAML: {exc}") from exc
+        raw = load_yaml(path, what="auth profile")
+    except InputError as exc:
+        raise AuthProfileError(str(exc)) from None
     if isinstance(raw, dict) and isinstance(raw.get("auth"), dict):  # the auth block of a task.yaml
         raw = raw["auth"]
     try:
