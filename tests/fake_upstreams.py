@@ -18,6 +18,7 @@ the server counted.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +53,7 @@ class _Upstream:
         self.hang_mid_stream_next: list[float] = []  # seconds to stay silent after a stream's first event
         self.report_usage = True  # False: answers carry no usage (as some local servers' streams)
         self._closing = threading.Event()
+        self._dead = False
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -66,6 +68,23 @@ class _Upstream:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def kill(self) -> None:
+        """Stop listening, as a crashed server: connections to the port are refused until :meth:`restart`, and a
+        request on a connection kept alive from before is dropped unanswered."""
+        self._dead = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def restart(self) -> None:
+        """Listen again on the same port (a server brought back up)."""
+        port = self.port
+        self._dead = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
         self._closing.set()
@@ -154,6 +173,10 @@ class _Upstream:
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if up._dead:  # crashed: the kept-alive connection dies with the process
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 try:
                     body = json.loads(raw or b"{}")
                 except ValueError:

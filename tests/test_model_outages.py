@@ -299,3 +299,50 @@ def test_builtin_agent_without_gateway_whose_model_stays_down_and_the_sweep_goes
     assert builtin.outcome_counts == {"model_error": 1} and (builtin.valid_trials, builtin.infra_trials) == (0, 1)
     assert builtin.valid.trials == 0 and oracle.valid_trials == 1 and oracle.valid.pass_at_1 > 90
     assert "| builtin / openai/fake |" in agg["markdown"] and "| 0/1 |" in agg["markdown"]
+
+
+# --- a real crash: the model server's process stops listening mid-trial and comes back ------------------------
+def test_model_server_killed_mid_trial_and_restarted_the_trial_is_retried_and_valid(tmp_path):
+    """The model server stops listening after its first answer (connections refused, as a crashed llama.cpp
+    server) and is brought back up on the same port during the stage's retry wait: the rollout is run again
+    and the trial ends valid. The gateway's tap names the refusal in the discarded call's upstream_errors."""
+    import threading
+
+    from fake_upstreams import ChatOnlyUpstream
+
+    class Crashing(ChatOnlyUpstream):
+        crashed = False
+
+        def answer(self, handler, body, raw):
+            super().answer(handler, body, raw)
+            if not self.crashed:
+                self.crashed = True
+                threading.Thread(target=self.kill, daemon=True).start()  # after this answer went out
+
+    up = Crashing(command="echo back > back.txt")
+    config = G.GatewayConfig(
+        models=[G.GatewayModel(name="crashy", api="chat", model="smol", api_base=up.base_url)],
+        num_retries=NUM_RETRIES,
+        backoff_min_s=MIN_S,
+        backoff_max_s=MAX_S,
+    )
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the stage's retry wait: the server is restarted meanwhile
+        sleeps.append(seconds)
+        up.restart()
+
+    try:
+        with G.Gateway(config) as gw:
+            spec = spec_for(tmp_path, "s-crash", agents=["builtin"], models=["crashy"])
+            outcome = sw.run_trial(sw.plan(spec)[0], spec, gateway=gw, sleep=sleep)
+    finally:
+        up.close()
+    assert outcome == "completed" and sleeps == [0]
+    lake = spec.lake_uri
+    (t,) = rows(lake, "SELECT outcome, valid FROM trials", spec.sweep_id)
+    assert t == {"outcome": "completed", "valid": True}
+    (ev,) = rows(lake, "SELECT content FROM trajectory_events WHERE kind = 'model_error'", spec.sweep_id)
+    assert "model upstream failed" in ev["content"]
+    failed = rows(lake, "SELECT upstream_errors FROM model_calls WHERE status = 'failure'", spec.sweep_id)
+    assert len(failed) == 1 and all(e.startswith("unreachable") for e in failed[0]["upstream_errors"])
