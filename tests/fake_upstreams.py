@@ -215,6 +215,7 @@ class _Upstream:
 class ChatOnlyUpstream(_Upstream):
     route = "/chat/completions"
     name = "chat-only"
+    stream_usage = True  # False: streams never carry usage, include_usage or not (llama-cpp-python 0.3.36)
     ROLES = ("system", "user", "assistant", "tool", "function")
 
     def check(self, body: dict[str, Any]) -> str | None:
@@ -224,6 +225,8 @@ class ChatOnlyUpstream(_Upstream):
                 return f"messages[{i}].role: {role!r} is not one of {self.ROLES}"
             if role in ("system", "assistant", "tool") and isinstance(m.get("content"), list):
                 return f"messages[{i}].content: a {role} message's content must be a string"
+            if role == "assistant" and m.get("content") is None:
+                return f"messages[{i}].content: Input should be a valid string"
         return None
 
     def answer(self, handler: Any, body: dict[str, Any], raw: bytes) -> None:
@@ -263,7 +266,7 @@ class ChatOnlyUpstream(_Upstream):
         else:
             events.append(chunk({"content": what}, None))
         events.append(chunk({}, finish))
-        if self.report_usage and (body.get("stream_options") or {}).get("include_usage"):
+        if self.report_usage and self.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             events.append((None, base | {"object": "chat.completion.chunk", "choices": [], "usage": usage}))
         events.append((None, "[DONE]"))
         handler.send_sse(events)

@@ -59,6 +59,9 @@ def bridge(ups, tmp_path_factory):
             output_cost_per_token=0.000004,
         )
         for api, s in ups.items()
+    ] + [
+        G.GatewayModel(name=f"up-chat-{mode}", api="chat", api_base=ups["chat"].base_url, stream_usage=mode)
+        for mode in ("native", "auto")
     ]
     gw = G.Gateway(
         G.GatewayConfig(
@@ -139,7 +142,7 @@ def test_chat_requests_are_normalised_for_strict_servers() -> None:
     assert out["messages"][0] == {"role": "system", "content": "a\n\nb"}
     assert [m["role"] for m in out["messages"]] == ["system", "user", "user", "assistant", "tool"]
     assert out["messages"][1]["content"] == "hi" and isinstance(out["messages"][2]["content"], list)  # image kept
-    assert out["messages"][4]["content"] == "out" and out["messages"][3]["content"] is None
+    assert out["messages"][4]["content"] == "out" and out["messages"][3]["content"] == ""  # null refused by llama.cpp
     assert out["stream_options"] == {"include_usage": True}
     assert body["messages"][0]["content"][0]["text"] == "a"  # the input is not mutated
 
@@ -273,7 +276,7 @@ def test_a_stream_that_stalls_midway_is_cut_off_and_recorded_as_failed(bridge, u
             "POST",
             bridge.url + "/v1/chat/completions",
             headers={"Authorization": f"Bearer {access.api_key}"},
-            json={"model": "up-chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            json={"model": "up-chat-native", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
             timeout=60,
         ) as r:
             body = b"".join(r.iter_raw())
@@ -286,3 +289,27 @@ def test_a_stream_that_stalls_midway_is_cut_off_and_recorded_as_failed(bridge, u
     (call,) = access.calls()
     assert call.status == "failure", call
     assert any(e.startswith("stalled") for e in call.upstream_errors)
+
+
+def test_streams_of_a_provider_without_stream_usage_are_buffered_for_exact_counts(bridge, ups, tmp_path) -> None:
+    """llama-cpp-python 0.3.36 sends no usage on streams (it ignores include_usage): with stream_usage auto,
+    the first streamed call is an estimate and the tap then asks for whole answers, which carry usage, and
+    streams them to the client itself. The real Claude Code (streamed, tool calls) completes through it."""
+    up = ups["chat"]
+    up.stream_usage = False
+    up.command = "echo buffered > buffered.txt"
+    served0 = len(up.served)
+    try:
+        agent = bridge.attach(_agent("claude-code", "up-chat-auto", tmp_path), "tt.claude-code.buffered.0")
+        with LocalEnvironment() as env:
+            traj = agent.run("Create buffered.txt containing buffered.", env, Budget(steps=6, wall_s=240))
+            made = (Path(env.workspace_path) / "buffered.txt").read_bytes()
+    finally:
+        up.stream_usage = True
+    assert traj.exit_reason == "completed" and made == b"buffered\n", traj.error
+    calls = [c for c in agent.gateway.calls() if c.status == "success"]
+    assert len(calls) >= 2 and calls[0].usage_source == "estimate"
+    assert {c.usage_source for c in calls[1:]} == {"upstream"}
+    exact = [(c.prompt_tokens, c.completion_tokens) for c in calls[1:]]
+    assert exact == up.served[served0:][-len(exact) :]  # what the provider counted, call by call
+    assert not any(r["body"].get("stream") for r in up.requests[-len(exact) :])  # asked for whole answers

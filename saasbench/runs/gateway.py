@@ -171,6 +171,12 @@ class GatewayModel(BaseModel):
         description="More names served by the same deployment (e.g. the small/fast model Claude Code asks for)",
     )
     params: dict[str, Any] = Field(default_factory=dict, description="Other litellm_params")
+    stream_usage: Literal["auto", "native", "buffer"] = Field(
+        "auto",
+        description="api: chat only. A provider that sends no usage on streamed answers (llama-cpp-python) is "
+        "asked for whole answers, which the tap streams to the client with the provider's usage: buffer "
+        "always, auto after the first stream without usage (that call is an estimate), native never",
+    )
 
     @field_validator("api_key_env")
     @classmethod
@@ -595,7 +601,10 @@ class Gateway:
         fronted = [(i, t) for i, m in enumerate(self.config.models) if (t := m.tap_target()) is not None]
         if not fronted:
             return {}
-        targets = [UpstreamTarget(base, api) for _, (base, api) in fronted]  # type: ignore[arg-type]
+        targets = [
+            UpstreamTarget(base, api, self.config.models[i].stream_usage)  # type: ignore[arg-type]
+            for i, (base, api) in fronted
+        ]
         self._tapped = {n for i, _ in fronted for n in (self.config.models[i].name, *self.config.models[i].aliases)}
         self.tap = UpstreamTap(targets, self.upstream_log, stall_timeout_s=self.config.stall_timeout_s).start()
         self._tap_bases = {self.tap.url_for(k): base for k, (_, (base, _)) in enumerate(fronted)}

@@ -95,6 +95,10 @@ class UpstreamTarget:
 
     base_url: str
     api: Api | None = None
+    # a Chat Completions stream: "native" passes it through; "buffer" asks the provider for the whole
+    # answer (which carries usage) and streams it to the client itself; "auto" passes streams through
+    # until one ends without usage (llama-cpp-python ignores stream_options), then buffers
+    stream_usage: Literal["auto", "native", "buffer"] = "auto"
 
 
 # --- request shapes ------------------------------------------------------------------------------------------
@@ -129,6 +133,8 @@ def normalise_chat_request(body: dict[str, Any]) -> dict[str, Any]:
                 m["role"] = "system"
             if "content" in m:
                 m["content"] = _flatten(m["content"])
+            if m.get("role") == "assistant" and m.get("content") is None:
+                m["content"] = ""  # llama-cpp-python refuses null content beside tool_calls (HTTP 500)
             if m.get("role") == "system" and isinstance(m.get("content"), str):
                 system.append(m["content"])
             else:
@@ -246,6 +252,7 @@ class UpstreamTap:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._clients: dict[bool, Any] = {}
+        self._no_stream_usage: set[int] = set()  # upstreams whose streams came without usage
 
     @property
     def port(self) -> int:
@@ -287,6 +294,15 @@ class UpstreamTap:
             client.close()
         self._clients = {}
 
+    def buffers(self, index: int) -> bool:
+        """Whether streams to upstream ``index`` are asked for whole (see :class:`UpstreamTarget`)."""
+        mode = self.targets[index].stream_usage
+        return mode == "buffer" or (mode == "auto" and index in self._no_stream_usage)
+
+    def learn_no_stream_usage(self, index: int) -> None:
+        with self._lock:
+            self._no_stream_usage.add(index)
+
     def client_for(self, url: str) -> Any:
         host = urlsplit(url).hostname or ""
         return self._clients[host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")]
@@ -295,6 +311,34 @@ class UpstreamTap:
         line = json.dumps({"kind": "upstream", "t": time.time(), **fields}, default=str)
         with self._lock, open(self.log_path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
+
+
+def sse_from_completion(data: bytes) -> bytes | None:
+    """A Chat Completions answer (JSON) as the SSE stream the client asked for: a role chunk, the content,
+    the tool calls, the finish reason, the usage chunk, ``[DONE]``. None if ``data`` is no such answer."""
+    try:
+        answer = json.loads(data)
+        choice = answer["choices"][0]
+        message = choice.get("message") or {}
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    base = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint") if k in answer}
+    base["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        obj = base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]} | extra
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if message.get("content"):
+        out.append(chunk({"content": message["content"]}))
+    for i, tc in enumerate(message.get("tool_calls") or []):
+        out.append(chunk({"tool_calls": [{"index": i, **tc}]}))
+    out.append(chunk({}, choice.get("finish_reason") or "stop"))
+    if isinstance(answer.get("usage"), dict):
+        out.append(b"data: " + json.dumps(base | {"choices": [], "usage": answer["usage"]}).encode() + b"\n\n")
+    out.append(b"data: [DONE]\n\n")
+    return b"".join(out)
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -358,6 +402,8 @@ def _handler(tap: UpstreamTap) -> type[BaseHTTPRequestHandler]:
             headers["Accept-Encoding"] = "identity"  # the usage is read from the bytes as they pass
             path = urlsplit(url).path
             rewritten = False
+            buffered = False  # a stream the tap asked for whole and streams to the client itself
+            upstream_index = int(parts[2])
             if method == "POST" and target.api == "chat" and path.rstrip("/").endswith("/chat/completions"):
                 try:
                     parsed = json.loads(body)
@@ -365,6 +411,9 @@ def _handler(tap: UpstreamTap) -> type[BaseHTTPRequestHandler]:
                     parsed = None
                 if isinstance(parsed, dict):
                     new = normalise_chat_request(parsed)
+                    if new.get("stream") and tap.buffers(upstream_index):
+                        new = {k: v for k, v in new.items() if k != "stream_options"} | {"stream": False}
+                        buffered = True
                     if new != parsed:
                         body, rewritten = json.dumps(new).encode(), True
             started = time.time()
@@ -390,6 +439,7 @@ def _handler(tap: UpstreamTap) -> type[BaseHTTPRequestHandler]:
             error: str | None = None
             streamed = 0
             sent = False  # the response head went to litellm: an error can only cut the stream now
+            sse = False
             try:
                 sse = "event-stream" in response.headers.get("content-type", "")
                 if not sse and method != "HEAD":
@@ -399,6 +449,19 @@ def _handler(tap: UpstreamTap) -> type[BaseHTTPRequestHandler]:
                         if len(data) > MAX_BUFFERED_RESPONSE:
                             raise httpx.DecodingError("upstream response larger than the tap's limit")
                     meter.feed_body(data)
+                    if buffered and response.status_code == 200:
+                        events = sse_from_completion(data)
+                        if events is not None:
+                            self.send_response(200)
+                            self.send_header("Content-Type", "text/event-stream")
+                            self.send_header("Connection", "close")
+                            self.close_connection = True
+                            self.end_headers()
+                            sent = True
+                            self.wfile.write(events)
+                            self.wfile.flush()
+                            streamed = len(events)
+                            return
                 self.send_response(response.status_code)
                 for k, v in response.headers.items():
                     if k.lower() not in HOP_BY_HOP and k.lower() != "content-encoding":
@@ -436,11 +499,14 @@ def _handler(tap: UpstreamTap) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
             finally:
                 response.close()
+                if sse and not meter.reported and not error and target.api == "chat":
+                    tap.learn_no_stream_usage(upstream_index)
                 tap.record(
                     **fields,
                     end=time.time(),
                     bytes=streamed,
                     rewritten=rewritten,
+                    buffered=buffered,
                     usage_reported=meter.reported,
                     prompt_tokens=meter.prompt,
                     completion_tokens=meter.completion,
