@@ -238,8 +238,13 @@ def gateway_model(server_model_id: str, relay_url: str) -> tuple[Any, str]:
     """The one gateway entry for the local server (the relay in front of it), and how it reads in the doc."""
     from saasbench.runs.gateway import GatewayModel
 
-    entry = GatewayModel(name=MODEL_NAME, api="chat", model=server_model_id, api_base=relay_url + "/v1")
-    return entry, f'GatewayModel(name="{MODEL_NAME}", api="chat", model="{server_model_id}", api_base="<relay>/v1")'
+    entry = GatewayModel(
+        name=MODEL_NAME, api="chat", model=server_model_id, api_base=relay_url + "/v1", stream_usage="buffer"
+    )
+    return entry, (
+        f'GatewayModel(name="{MODEL_NAME}", api="chat", model="{server_model_id}", api_base="<relay>/v1", '
+        'stream_usage="buffer")'
+    )
 
 
 # --- 5. rows ----------------------------------------------------------------------------------------------
