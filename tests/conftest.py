@@ -59,6 +59,7 @@ MODULE_MARKS = {
     "test_stages": ("slow",),
     "test_rescore": ("slow",),
     "test_endstate": ("slow",),
+    "test_local_isolation": ("slow",),  # whole trials in the sandbox, SIGKILLed harness subprocesses
     "test_base_install": ("slow", "prefect"),  # a fresh venv and `pip install -e .` (from pip's cache)
 }
 # single tests of otherwise quick modules (every parametrisation of the function)
