@@ -112,6 +112,10 @@ class Agent(ABC):
     #: This agent's file-writing tool names -> :data:`WriteLayout` of their arguments: the anti-cheat
     #: scanner checks the files written this way that are run afterwards.
     file_tools: ClassVar[Mapping[str, WriteLayout]] = {}
+    #: Whether what this agent runs is the harness's own choice (oracle: the task's reference; nop:
+    #: nothing), not a model's: only a trusted agent runs on an environment that cannot confine it (the
+    #: local backend without its sandbox, :meth:`Environment.check_untrusted_agent`).
+    trusted: ClassVar[bool] = False
 
     @classmethod
     def gateway_env(cls, root_url: str, key: str, model: str | None = None) -> dict[str, str]:

@@ -382,15 +382,17 @@ class CLIAgent(Agent):
 
     # --- install -------------------------------------------------------------------------------------
     def install(self, env: Environment) -> None:
-        """Run :meth:`install_command` (then :meth:`version_command`) in ``env`` with the host's proxy, CA and
-        package-index variables (:data:`saasbench.environments.base.INSTALL_ENV`); a failure raises
-        :class:`AgentInstallError` carrying the tool's own last output lines, secrets redacted."""
+        """Run :meth:`install_command` as a setup command of the harness (:meth:`Environment.setup_exec`:
+        outside the local sandbox, it may write the host's npm prefix) with the host's proxy, CA and
+        package-index variables (:data:`saasbench.environments.base.INSTALL_ENV`), then
+        :meth:`version_command` as the agent would run; a failure raises :class:`AgentInstallError`
+        carrying the tool's own last output lines, secrets redacted."""
         from saasbench.environments.base import install_env
 
         cmd = self.install_command()
         variables = install_env()
         secrets = _install_secrets(variables, self.api_key)
-        res = env.exec(cmd, timeout_s=self.install_timeout_s, env=variables)
+        res = env.setup_exec(cmd, timeout_s=self.install_timeout_s, env=variables)
         if not res.ok:
             why = "timed out" if res.timed_out else f"exited {res.exit_code}"
             tail = "\n".join((res.stderr.strip() or res.stdout.strip()).splitlines()[-15:])
@@ -399,6 +401,7 @@ class CLIAgent(Agent):
             )
         check = self.version_command()
         if check:
+            self._expose(env)
             res = env.exec(self._with_path(check), timeout_s=120, env=variables)
             if not res.ok:
                 out = (res.stderr.strip() or res.stdout.strip())[-500:]
@@ -409,6 +412,11 @@ class CLIAgent(Agent):
     # --- run -------------------------------------------------------------------------------------------
     def _with_path(self, cmd: str) -> str:
         return f'PATH={shlex.quote(self.bin_dir)}:"$PATH" {cmd}' if self.bin_dir else cmd
+
+    def _expose(self, env: Environment) -> None:
+        """Show the CLI's install folder (read-only) to commands confined on this host (the local sandbox)."""
+        if env.runs_on_host and self.bin_dir:
+            env.expose_host_path(self.bin_dir)
 
     def _host_dir(self, env: Environment, run_id: str) -> Path:
         if self.artefacts_dir is not None:
@@ -446,6 +454,8 @@ class CLIAgent(Agent):
                 env.exec(f"mkdir -p {shlex.quote(run_dir)}/home", timeout_s=60)
             else:
                 (host_dir / "home").mkdir(exist_ok=True)
+                self._expose(env)
+                env.expose_host_path(host_dir, writable=True)  # prompt, config, event stream, HOME
             prompt_file = f"{run_dir}/prompt.md"
             put_file(env, prompt_file, prompt)
             self.prepare(env, run_dir, budget)

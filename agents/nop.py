@@ -15,6 +15,7 @@ class NopAgent(Agent):
     """Does nothing: the floor every task must score near zero on."""
 
     version = "1"
+    trusted = True  # it runs nothing
 
     def run(self, prompt: str, env: Environment, budget: Budget) -> Trajectory:
         traj = self.new_trajectory()

@@ -27,6 +27,7 @@ class OracleAgent(Agent):
     """Installs the task's reference implementation: proves the task and its DAG are valid."""
 
     version = "1"
+    trusted = True  # it runs the task's own reference install commands
     shell_tools = frozenset({"exec"})  # its install commands, for the anti-cheat scanner (agents/anticheat.py)
 
     def app_start_command(self, task: Task) -> str | None:

@@ -30,6 +30,8 @@ SETTINGS: dict[str, str] = {
     "SAASBENCH_RECEIVER_BIND_HOST": "address the webhook/SMTP receivers bind (default 127.0.0.1)",
     "SAASBENCH_RECEIVER_ADVERTISE_HOST": "address the app is told to reach the receivers at",
     "SAASBENCH_GATEWAY_LOG_LEVEL": "the model gateway's LiteLLM log level (default ERROR)",
+    "SAASBENCH_LOCAL_SANDBOX": "local backend sandbox (bubblewrap): auto (default; untrusted agents refused without it), on, off (trust every agent)",
+    "SAASBENCH_RUNTIME_DIR": "where live local environments keep their ledgers for `env prune` (default $XDG_RUNTIME_DIR/saasbench or <temp>/saasbench-<uid>)",
 }
 
 CONTRACT_VARIABLES = (
@@ -51,6 +53,8 @@ CONTRACT_VARIABLES = (
     "SAASBENCH_EXEC",
     "SAASBENCH_WORKSPACE",
     "SAASBENCH_SERVICE",
+    "SAASBENCH_OWNER",
+    "SAASBENCH_ENV_ID",
 )
 
 

@@ -16,9 +16,10 @@ VENV=.venv
 # primitives; the tests run initdb/mariadbd themselves on 127.0.0.1), a Docker engine (the
 # tests start their own dockerd; images come from `docker import` of busybox and of a
 # debootstrap Debian root, since registries are unreachable), Debian's docker-compose (1.29, to
-# validate infra/compose.yaml with `docker-compose config`). Installed only when
+# validate infra/compose.yaml with `docker-compose config`), bubblewrap (the local backend's
+# sandbox, tests/test_local_isolation.py). Installed only when
 # missing, so a warm machine pays nothing.
-APT_PACKAGES=(postgresql mariadb-server patch docker.io docker-compose busybox-static debootstrap chromium git)
+APT_PACKAGES=(postgresql mariadb-server patch docker.io docker-compose busybox-static debootstrap chromium git bubblewrap)
 install_system_deps() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do

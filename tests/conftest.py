@@ -68,6 +68,7 @@ MODULE_MARKS = {
     "test_rescore": ("slow",),
     "test_endstate": ("slow",),
     "test_model_outages": ("slow",),  # a LiteLLM gateway and whole trials with outages
+    "test_local_isolation": ("slow",),  # whole trials in the sandbox, SIGKILLed harness subprocesses
     "test_base_install": ("slow", "prefect"),  # a fresh venv and `pip install -e .` (from pip's cache)
 }
 # single tests of otherwise quick modules (every parametrisation of the function)

@@ -382,7 +382,7 @@ def test_run_with_standin_cli(tmp_path: Path, fmt: str, monkeypatch: pytest.Monk
         bin_dir=str(bin_dir),
         artefacts_dir=tmp_path / "artefacts",
     )
-    with LocalEnvironment() as env:
+    with LocalEnvironment(share=[tmp_path]) as env:  # the stand-in writes its dump next to itself
         traj = agent.run("Build the app. Prompt marker 42.", env, Budget(wall_s=60))
         assert env.read_file("made_by_agent.txt") == f"hello from {exe}".encode()
         ws = env.workspace_path
@@ -425,6 +425,9 @@ class _RemoteLikeEnvironment(LocalEnvironment):
 
     kind = "remote-like"
     runs_on_host = False
+
+    def __init__(self, *args, **kwargs):  # the test reads the "container's" /tmp on the host: no sandbox
+        super().__init__(*args, sandbox=False, **kwargs)
 
 
 def test_run_in_a_non_local_environment_goes_through_exec(tmp_path: Path) -> None:
@@ -469,7 +472,7 @@ def test_codex_run_writes_provider_config(tmp_path: Path) -> None:
         bin_dir=str(bin_dir),
         artefacts_dir=tmp_path / "a",
     )
-    with LocalEnvironment() as env:
+    with LocalEnvironment(share=[tmp_path]) as env:  # the stand-in writes its dump next to itself
         traj = agent.run("p", env, Budget(wall_s=60))
     assert traj.exit_reason == "completed"
     dump = json.loads((bin_dir / "dump.json").read_text())
@@ -481,7 +484,7 @@ def test_run_timeout_is_agent_timeout(tmp_path: Path) -> None:
     bin_dir = standin(tmp_path, "claude", sample("claude").splitlines()[1] + "\n", sleep=60)
     agent = ClaudeCodeAgent(api_key="sk-t-1234567890", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a")
     t0 = time.monotonic()
-    with LocalEnvironment() as env:
+    with LocalEnvironment(share=[tmp_path]) as env:  # the stand-in writes its dump next to itself
         traj = agent.run("p", env, Budget(wall_s=2))
     assert time.monotonic() - t0 < 20
     assert traj.exit_reason == "agent_timeout" and "wall-clock" in (traj.error or "")
@@ -496,7 +499,7 @@ def test_run_timeout_is_agent_timeout(tmp_path: Path) -> None:
 def test_run_crash_without_result_is_agent_error(tmp_path: Path) -> None:
     bin_dir = standin(tmp_path, "codex", sample("codex").splitlines()[0] + "\n", rc=3)
     agent = CodexAgent(api_key="sk-c-1234567890", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a")
-    with LocalEnvironment() as env:
+    with LocalEnvironment(share=[tmp_path]) as env:  # the stand-in writes its dump next to itself
         traj = agent.run("p", env, Budget(wall_s=60))
     assert traj.exit_reason == "agent_error"
     assert "exited 3" in (traj.error or "") and "stand-in stderr line" in (traj.error or "")
@@ -515,7 +518,7 @@ def test_run_error_result_is_agent_error(tmp_path: Path) -> None:
     )
     bin_dir = standin(tmp_path, "claude", stream + "\n", rc=1)
     agent = ClaudeCodeAgent(api_key="sk-e-1234567890", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a")
-    with LocalEnvironment() as env:
+    with LocalEnvironment(share=[tmp_path]) as env:  # the stand-in writes its dump next to itself
         traj = agent.run("p", env, Budget(wall_s=60))
     assert traj.exit_reason == "agent_error" and "401" in (traj.error or "")
 

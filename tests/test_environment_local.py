@@ -231,11 +231,31 @@ def test_exec_does_not_leak_host_secrets(monkeypatch: pytest.MonkeyPatch) -> Non
         assert env.exec('printf "%s" "${OPENAI_API_KEY:-unset}"', timeout_s=10).stdout == "unset"
 
 
-def test_exec_background_children_are_killed() -> None:
-    with LocalEnvironment() as env:
-        r = env.exec("sleep 60 & echo $!", timeout_s=10)
-        pid = int(r.stdout.strip())
-        assert not pid_alive(pid)
+def host_pids_running(marker: str) -> list[int]:
+    """Host pids whose command line holds ``marker`` (a sandboxed command's own pids are its namespace's)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline and b"bash" not in cmdline and pid_alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.parametrize("sandbox", [True, False], ids=["sandbox", "no-sandbox"])
+def test_exec_background_children_are_killed(sandbox: bool) -> None:
+    with LocalEnvironment(sandbox=sandbox) as env:
+        marker = f"60.{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+        r = env.exec(f"sleep {marker} & setsid sleep {marker} & echo started", timeout_s=10)
+        assert r.stdout == "started\n"
+        # the group is killed when the command returns; a setsid child too (sandbox: its pid namespace
+        # ends; without: stop() kills what carries the environment's tag)
+        if sandbox:
+            assert host_pids_running(marker) == []
+    assert host_pids_running(marker) == []
 
 
 def test_path_confinement(tmp_path: Path) -> None:

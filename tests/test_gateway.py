@@ -380,7 +380,7 @@ def test_cli_agents_get_the_gateway_and_a_virtual_key_never_a_provider_key(gw, t
     agent = gw.attach(
         cls(model="gpt-5", bin_dir=str(bin_dir), artefacts_dir=tmp_path / "a", **kwargs), f"tt.{fmt}.gpt-5.env"
     )
-    with LocalEnvironment() as env:
+    with LocalEnvironment(share=[tmp_path]) as env:  # the stand-in writes its dump next to itself
         traj = agent.run("p", env, Budget(wall_s=60))
     assert traj.exit_reason == "completed", traj.error
     seen = json.loads((bin_dir / "dump.json").read_text())["env"]
@@ -399,6 +399,9 @@ class _ContainerLikeEnvironment(LocalEnvironment):
     kind = "container-like"
     runs_on_host = False
     gateway_ip = "127.0.0.2"
+
+    def __init__(self, *args, **kwargs):  # the test reads the "container's" /tmp on the host: no sandbox
+        super().__init__(*args, sandbox=False, **kwargs)
 
 
 def test_a_cli_agent_in_a_container_gets_a_relay_for_the_rollout(gw, upstream, tmp_path) -> None:

@@ -122,12 +122,15 @@ def test_integrity_path_outside_the_workspace_is_a_task_defect(tmp_path: Path) -
         integrity_targets(task)
 
 
-def test_naming_the_task_folder_voids_the_trial_on_the_local_backend(tmp_path: Path) -> None:
-    """The local backend cannot hide the task folder; a tool call that reads it is evaluator_access (void)."""
+@pytest.mark.parametrize("sandbox", ["on", "off"])
+def test_naming_the_task_folder_voids_the_trial_on_the_local_backend(tmp_path: Path, monkeypatch, sandbox) -> None:
+    """The local sandbox hides the task folder (without it the agent can read it); a tool call that names it
+    is evaluator_access (void) either way."""
+    monkeypatch.setenv("SAASBENCH_LOCAL_SANDBOX", sandbox)
     task = load_task_dir(make_task(tmp_path / "tasks").root)
     agent = ScriptedAgent(f"cat {task.root}/dag.json | head -c 100")
     result = run_local_trial(task, agent)
-    assert agent.outputs[0].startswith("{")  # it could read it ...
+    assert agent.outputs[0].startswith("{") == (sandbox == "off")  # it could read it only without the sandbox ...
     assert result.outcome == "voided_cheat"  # ... and is caught
     [finding] = result.cheat_findings
     assert finding["rule"] == "evaluator_access" and finding["detail"]["path"] == str(task.root)

@@ -340,7 +340,7 @@ class StandinClaude(ClaudeCodeAgent):
 def test_cli_agent_rollout_keeps_raw_stream_and_voids_a_cloning_script(tmp_path, monkeypatch, no_evaluation) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stream = tmp_path / "stream.jsonl"
+    stream = bin_dir / "stream.jsonl"  # beside the CLI: the local sandbox shows the agent's install folder only
     stream.write_text("".join(json.dumps(o) + "\n" for o in CHEAT_STREAM))
     exe = bin_dir / "claude"
     exe.write_text(STANDIN.format(python=sys.executable, stream=str(stream)))

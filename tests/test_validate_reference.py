@@ -18,7 +18,8 @@ def flaky_install(counter: Path) -> str:
     )
 
 
-def test_validate_reference_reports_flaky_and_writes_quarantine(tmp_path: Path) -> None:
+def test_validate_reference_reports_flaky_and_writes_quarantine(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SAASBENCH_LOCAL_SANDBOX", "off")  # the flaky install keeps its counter on the host
     extra = [
         {
             "id": "FLAKY_STATE",

@@ -2,8 +2,8 @@
 
 `env up` holds the environment in the foreground (Ctrl-C tears it down); from another terminal
 `env exec TRIAL CMD` runs a command in a Docker trial's app container and `env down TRIAL`
-removes it. `env prune` reaps leftovers of dead trials; `env images` lists and prunes the
-content-addressed image cache.
+removes it. `env prune` reaps leftovers of dead harness runs (local processes and workspaces,
+Docker trials); `env images` lists and prunes the content-addressed image cache.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def env_up(
     from saasbench.catalog.tasks import load_task
     from saasbench.environments import connect_backend
     from saasbench.environments.base import start_app
-    from saasbench.failures import EnvError
+    from saasbench.failures import EnvError, HarnessError
     from saasbench.runs.trial import make_environment
 
     console = Console()
@@ -66,10 +66,21 @@ def env_up(
     except (ValueError, EnvError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    try:
+        env.start()  # a required sandbox that cannot be built here fails now, as one line
+    except HarnessError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with env:
         a = get_agent(agent)
+        if not a.trusted:
+            try:
+                env.check_untrusted_agent(a.name)
+            except HarnessError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
         a.install(env)
         a.run(build_prompt(spec, env), env, Budget(wall_s=spec.spec.timeouts.agent_s))
         console.print(f"task [bold]{spec.id}[/] on {backend}; workspace {escape(str(env.workspace_dir))}")
@@ -135,18 +146,45 @@ def env_down(trial: Annotated[str, typer.Argument(help="Trial id printed by env 
 @env_app.command("prune")
 def env_prune(
     older_than: Annotated[
-        Optional[float], typer.Option("--older-than", help="Also remove any trial older than this many seconds")
+        Optional[float],
+        typer.Option("--older-than", help="Docker: also remove any trial older than this many seconds"),
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only list what would be removed")] = False,
+    backend: Annotated[
+        str, typer.Option("--backend", help="local, docker, or all (Docker skipped when no engine answers)")
+    ] = "all",
 ) -> None:
-    """Remove the leftovers of Docker trials whose owner process is gone.
+    """Reap what dead harness runs left: local processes (app servers, their setsid children, a gateway
+    proxy, an ephemeral Prefect server) and temporary workspaces, and Docker trials, whose owner is gone.
 
     Example: saasbench env prune --dry-run
     """
-    from saasbench.environments.docker import prune
+    if backend not in ("local", "docker", "all"):
+        typer.echo(f"error: --backend must be local, docker or all, not {backend!r}", err=True)
+        raise typer.Exit(2)
+    verb = "would remove" if dry_run else "removed"
+    if backend in ("local", "all"):
+        from saasbench.environments.leftovers import prune as prune_local
 
-    doomed = prune(_client(), older_than=older_than, dry_run=dry_run)
-    typer.echo(("would remove: " if dry_run else "removed: ") + (", ".join(doomed) or "nothing"))
+        found = prune_local(dry_run=dry_run)
+        typer.echo(f"local: {verb}: " + ("nothing" if not found else ""))
+        for item in found:
+            typer.echo(f"  {item.describe()}")
+    if backend in ("docker", "all"):
+        from saasbench.failures import EnvError
+
+        try:
+            from saasbench.environments.docker import connect_engine, prune
+
+            client = connect_engine()
+        except (EnvError, ImportError) as exc:
+            if backend == "docker":
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+            typer.echo("docker: no engine answers, skipped")
+            return
+        doomed = prune(client, older_than=older_than, dry_run=dry_run)
+        typer.echo(f"docker: {verb}: " + (", ".join(doomed) or "nothing"))
 
 
 @env_app.command("images")

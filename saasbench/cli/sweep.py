@@ -37,12 +37,16 @@ from saasbench.cli.common import fail as _fail
 
 
 def prefect_env() -> None:
-    """Defaults for Prefect when the user set none: no telemetry, state outside ~/.prefect. A log record
+    """Defaults for Prefect when the user set none: no telemetry, state outside ~/.prefect; this process's
+    owner tag (``saasbench.environments.leftovers``) for the server Prefect starts. A log record
     Prefect writes while its temporary server stops at exit, after the console closed, would print a
     '--- Logging error ---' traceback: not actionable, so logging's own errors stay silent."""
     import logging
 
+    from saasbench.environments.leftovers import OWNER_TAG, owner_tag
+
     logging.raiseExceptions = False
+    os.environ[OWNER_TAG] = owner_tag()  # the ephemeral Prefect server inherits it: `env prune` reaps it after a kill
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if "PREFECT_HOME" not in os.environ and "PREFECT_API_URL" not in os.environ:
         os.environ["PREFECT_HOME"] = str(Path(tempfile.gettempdir()) / f"saasbench-prefect-{os.getuid()}")

@@ -192,6 +192,11 @@ class Environment(ABC):
     path such as the task folder exists for the agent (the anti-cheat forbids it), and an agent's
     run folder can live on the host. False (the default) for a container backend."""
 
+    isolated: bool = True
+    """Whether the agent's commands and the app run where they cannot reach the harness, the model
+    gateway, the task folder or other trials (a container; the local backend's bubblewrap sandbox).
+    False for the local backend without a sandbox: see :meth:`check_untrusted_agent`."""
+
     trial_id: str | None = None
     """The id under which another process finds this environment's resources (``saasbench env
     exec/down TRIAL`` for Docker); None when nothing of it is reachable outside this process."""
@@ -290,7 +295,27 @@ class Environment(ABC):
         <saasbench.environments.exec_target.ExecTarget.base_env>`). Never raises; {} by default."""
         return {}
 
+    # --- isolation ----------------------------------------------------------------------------
+    def check_untrusted_agent(self, agent: str) -> None:  # noqa: B027 - a hook with a no-op default
+        """Raise (a non-retryable :class:`~saasbench.failures.HarnessError`) when an untrusted agent (one
+        whose commands a model chooses) may not run here: the local backend without a sandbox, unless
+        the operator opted out. Nothing by default (a container isolates)."""
+
+    def expose_host_path(self, path: str | Path, *, writable: bool = False) -> None:  # noqa: B027 - a hook
+        """Let later commands use a host folder at its own path (an agent CLI's install folder read-only,
+        its run folder read-write), where commands run on this host behind a filter (the local sandbox).
+        Nothing by default (container commands never see host paths)."""
+
     # --- commands and files ------------------------------------------------------------------
+    def setup_exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
+        """A command of the harness's own that prepares the environment (installing an agent CLI), with
+        :meth:`exec`'s contract. Where the agent's commands are confined on this host (the local
+        sandbox) it runs outside the confinement so it can write the host's tool folders; never use it
+        for anything an agent, an app or a task chose. Default: :meth:`exec`."""
+        return self.exec(cmd, timeout_s, env=env, cwd=cwd)
+
     @abstractmethod
     def exec(
         self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
@@ -645,6 +670,7 @@ def _str_map(v: Any) -> bool:
 _DECLARED: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("kind", lambda v: isinstance(v, str) and v not in ("", "abstract"), "a backend name"),
     ("runs_on_host", lambda v: isinstance(v, bool), "a bool"),
+    ("isolated", lambda v: isinstance(v, bool), "a bool"),
     ("task", lambda v: v is None or hasattr(v, "spec"), "a Task or None"),
     ("trial_id", _optional(str), "a str or None"),
     ("workspace_path", lambda v: isinstance(v, str) and v != "", "a path"),

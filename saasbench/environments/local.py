@@ -1,16 +1,22 @@
 """The local backend: a trial on this host, in a fresh workspace folder, with processes in their own groups.
 
 :class:`LocalEnvironment` implements :class:`~saasbench.environments.base.Environment` (the interface,
-its contract and the conformance suite live in :mod:`saasbench.environments.base`) with no isolation
-beyond a separate folder, a free port on 127.0.0.1 and a filtered environment. Its process
-machinery (:func:`run_group`, the allowlist :data:`PASSTHROUGH_ENV`) is reused by the local exec
-target (:mod:`saasbench.environments.exec_target`).
+its contract and the conformance suite live in :mod:`saasbench.environments.base`): a separate
+folder, a free port on 127.0.0.1, a filtered environment, and every command and service inside a
+bubblewrap sandbox (:mod:`saasbench.environments.sandbox`: its own pid namespace, private /tmp and
+$HOME, only the system folders, the toolchains and the workspace visible) when bwrap works here.
+Without one (``SAASBENCH_LOCAL_SANDBOX=off``, or bwrap missing) nothing isolates the commands, and
+an untrusted agent is refused unless the operator opted out (:meth:`LocalEnvironment.check_untrusted_agent`).
+Each environment keeps a ledger for ``saasbench env prune`` (:mod:`saasbench.environments.leftovers`).
+Its process machinery (:func:`run_group`, the allowlist :data:`PASSTHROUGH_ENV`) is reused by the
+local exec target (:mod:`saasbench.environments.exec_target`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -19,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +43,9 @@ from saasbench.environments.base import (
     group_members,
     is_secret_name,
 )
+from saasbench.environments.leftovers import ENV_TAG, OWNER_TAG, Ledger, kill_pids, owner_tag, tagged_pids
+from saasbench.environments.sandbox import SETTING as SETTING_NAME
+from saasbench.environments.sandbox import Sandbox, SandboxUnavailable, probe, refusal, sandbox_mode
 from saasbench.services.workspace import confine
 
 if TYPE_CHECKING:
@@ -138,11 +147,13 @@ def run_group(
     env: Mapping[str, str],
     running: dict[int, subprocess.Popen] | None = None,
     lock: threading.Lock | None = None,
+    watch: Callable[[int, bool], None] | None = None,
 ) -> ExecResult:
     """Run ``argv`` in its own process group with the :meth:`Environment.exec` contract: each
     stream capped at :data:`MAX_OUTPUT_BYTES`, exit 124 and the whole group killed on timeout,
     whatever the command left in the background killed when it returns. ``running`` (guarded by
-    ``lock``) holds the process while it runs, so an owner's ``stop()`` can kill it."""
+    ``lock``) holds the process while it runs, so an owner's ``stop()`` can kill it; ``watch(pgid,
+    started)`` is told when the group starts and when it is gone (the environment's ledger)."""
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -156,6 +167,8 @@ def run_group(
     if running is not None:
         with guard:
             running[proc.pid] = proc
+    if watch is not None:
+        watch(proc.pid, True)
     out, err = _CappedReader(proc.stdout, MAX_OUTPUT_BYTES), _CappedReader(proc.stderr, MAX_OUTPUT_BYTES)
     out.start()
     err.start()
@@ -178,6 +191,8 @@ def run_group(
     if running is not None:
         with guard:
             running.pop(proc.pid, None)
+    if watch is not None:
+        watch(proc.pid, False)
     code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
     return ExecResult(
         exit_code=code,
@@ -205,9 +220,14 @@ def _tail(path: Path, lines: int) -> str:
 class LocalEnvironment(HostFolderFiles, Environment):
     """A trial on this host: a fresh workspace folder, processes in their own groups, SQLite.
 
-    No isolation beyond a separate folder, a free port on 127.0.0.1 and a filtered environment
-    (only :data:`PASSTHROUGH_ENV` host variables are inherited): use it for tasks and agents you
-    trust (oracle, nop, the demo task), a container backend otherwise.
+    Commands (:meth:`exec`) and services run inside the bubblewrap sandbox when it works here
+    (:mod:`saasbench.environments.sandbox`): they see the workspace, the system and toolchain
+    folders and a private /tmp and $HOME, not the harness, the gateway, the task folder or other
+    trials. Only :data:`PASSTHROUGH_ENV` host variables are inherited either way. ``sandbox``: True
+    requires it (EnvError-like :class:`SandboxUnavailable` at start when bwrap does not work), False
+    runs without it and trusts every agent, None (default) follows ``SAASBENCH_LOCAL_SANDBOX``
+    (``auto``: the sandbox when bwrap works, else none, and untrusted agents are refused).
+    ``share``: host folders the commands may also read and write (tests, trusted setups).
 
     ``workspace_root``: use this folder (created if missing, kept on stop) instead of a fresh
     temporary one (removed on stop unless ``keep``). Logs live in a separate temporary state
@@ -225,6 +245,8 @@ class LocalEnvironment(HostFolderFiles, Environment):
         keep: bool = False,
         host: str = "127.0.0.1",
         port: int | None = None,
+        sandbox: bool | None = None,
+        share: Iterable[str | Path] = (),
     ):
         self.task = task
         self._given_root = Path(workspace_root) if workspace_root is not None else None
@@ -239,13 +261,35 @@ class LocalEnvironment(HostFolderFiles, Environment):
         self._lock = threading.Lock()
         self._started = False
         self._stopped = False
+        self._sandbox_choice = sandbox
+        self._share = [Path(p) for p in share]
+        self._sandbox: Sandbox | None = None
+        self._trust_all = False  # the operator opted out of the sandbox: every agent is trusted here
+        self._no_sandbox_reason = ""
+        self.env_id = secrets.token_hex(6)
+        self._ledger: Ledger | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
+    def _sandbox_mode(self) -> str:
+        if self._sandbox_choice is not None:
+            return "on" if self._sandbox_choice else "off"
+        try:
+            return sandbox_mode()
+        except ValueError as exc:
+            raise SandboxUnavailable(str(exc)) from None
+
     def start(self) -> None:
         if self._started:
             return
         if self._stopped:
             raise EnvError("this environment was stopped; create a new one per trial")
+        mode = self._sandbox_mode()
+        found = probe() if mode != "off" else None
+        if mode == "on" and found is not None and not found.usable:
+            raise SandboxUnavailable(
+                f"the local sandbox is required but {found.reason}: install bubblewrap (apt-get install "
+                "bubblewrap) or use --backend docker"
+            )
         if self._given_root is not None:
             self._given_root.mkdir(parents=True, exist_ok=True)
             self._ws = Path(os.path.realpath(self._given_root))
@@ -261,6 +305,26 @@ class LocalEnvironment(HostFolderFiles, Environment):
         if db is not None:
             db.parent.mkdir(parents=True, exist_ok=True)
         self._started = True
+        state = self.state_dir
+        if found is not None and found.usable and found.bwrap is not None:
+            self._sandbox = Sandbox(
+                found.bwrap,
+                private=state / "sandbox",
+                workspace=self._ws,
+                home=os.environ.get("HOME"),
+                path_var=os.environ.get("PATH"),
+            )
+            for folder in self._share:
+                self._sandbox.expose(folder, writable=True)
+        else:
+            self._trust_all = mode == "off"
+            self._no_sandbox_reason = f"{SETTING_NAME}=off" if mode == "off" else (found.reason if found else "")
+        self._ledger = Ledger(
+            self.env_id,
+            workspace=self._ws if self._tmp_ws and not self.keep else None,
+            state_dir=state if not self.keep else None,
+            sandboxed=self._sandbox is not None,
+        )
 
     def stop(self) -> None:
         if self._stopped:
@@ -273,10 +337,41 @@ class LocalEnvironment(HostFolderFiles, Environment):
             _kill_group(svc.pgid, leader=svc.process)
         for pgid, proc in execs:
             _kill_group(pgid, grace_s=0.5, leader=proc)
+        if self._started:  # what left its group (setsid) but kept the environment's tag
+            stray = tagged_pids(self.env_id)
+            if stray:
+                kill_pids(stray, grace_s=1.0)
         if self._tmp_ws and not self.keep and self._ws is not None:
             shutil.rmtree(self._ws, ignore_errors=True)
         if self._state is not None and not self.keep:
             shutil.rmtree(self._state, ignore_errors=True)
+        if self._ledger is not None:
+            self._ledger.close()
+
+    # --- isolation -----------------------------------------------------------------------------
+    @property
+    def isolated(self) -> bool:  # type: ignore[override]
+        """Whether commands and services run in the sandbox (known once started)."""
+        return self._sandbox is not None
+
+    def check_untrusted_agent(self, agent: str) -> None:
+        """Refuse (:class:`SandboxUnavailable`) an untrusted agent when the commands run unconfined and the
+        operator did not opt out (``SAASBENCH_LOCAL_SANDBOX=off`` or ``sandbox=False``)."""
+        self._require()
+        if self._sandbox is None and not self._trust_all:
+            raise SandboxUnavailable(refusal(agent, self._no_sandbox_reason or "no sandbox"))
+
+    def expose_host_path(self, path: str | Path, *, writable: bool = False) -> None:
+        self._require()
+        if self._sandbox is not None:
+            self._sandbox.expose(path, writable=writable)
+
+    def _watch(self, pgid: int, started: bool) -> None:
+        if self._ledger is not None:
+            if started:
+                self._ledger.add_group(pgid, "exec")
+            else:
+                self._ledger.drop_group(pgid)
 
     def _require(self) -> Path:
         if not self._started or self._ws is None:
@@ -354,8 +449,15 @@ class LocalEnvironment(HostFolderFiles, Environment):
     def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         env = {k: os.environ[k] for k in PASSTHROUGH_ENV if k in os.environ}
         env.update(self.service_env())
+        if self._sandbox is not None:
+            env["TMPDIR"] = "/tmp"  # the sandbox's private /tmp; the host's TMPDIR is not there
         env.update({str(k): str(v) for k, v in (extra or {}).items()})
+        env.update({OWNER_TAG: owner_tag(), ENV_TAG: self.env_id})  # what prune looks for after a kill
         return env
+
+    def _argv(self, cmd: str, workdir: Path) -> list[str]:
+        argv = ["bash", "-c", cmd]
+        return self._sandbox.argv(argv, cwd=workdir) if self._sandbox is not None else argv
 
     def _host_path(self, path: str, what: str = "path") -> Path:
         ws = self._require()
@@ -377,13 +479,37 @@ class LocalEnvironment(HostFolderFiles, Environment):
         self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
     ) -> ExecResult:
         workdir = self._host_path(cwd or ".", "cwd")
+        if not workdir.is_dir():
+            raise FileNotFoundError(f"cwd {cwd!r} does not exist in the workspace")
         return run_group(
-            ["bash", "-c", cmd],
+            self._argv(cmd, workdir),
             timeout_s,
             cwd=workdir,
             env=self._env(env),
             running=self._running_execs,
             lock=self._lock,
+            watch=self._watch,
+        )
+
+    def setup_exec(
+        self, cmd: str, timeout_s: float, env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> ExecResult:
+        """The harness's own setup command (installing an agent CLI) outside the sandbox: it may write the
+        host's tool folders. Never for anything an agent or an app chose."""
+        workdir = self._host_path(cwd or ".", "cwd")
+        merged = self._env(env)
+        if "TMPDIR" in os.environ:
+            merged["TMPDIR"] = os.environ["TMPDIR"]
+        elif self._sandbox is not None:
+            merged.pop("TMPDIR", None)
+        return run_group(
+            ["bash", "-c", cmd],
+            timeout_s,
+            cwd=workdir,
+            env=merged,
+            running=self._running_execs,
+            lock=self._lock,
+            watch=self._watch,
         )
 
     # --- services ---------------------------------------------------------------------------------
@@ -406,7 +532,7 @@ class LocalEnvironment(HostFolderFiles, Environment):
         log_path = self.state_dir / "logs" / f"{_safe(name)}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                ["bash", "-c", command],
+                self._argv(command, workdir),
                 cwd=workdir,
                 env=merged,
                 stdin=subprocess.DEVNULL,
@@ -417,6 +543,8 @@ class LocalEnvironment(HostFolderFiles, Environment):
         svc = Service(name=name, command=command, pid=proc.pid, port=port, log_path=log_path, process=proc)
         with self._lock:
             self._services[name] = svc
+        if self._ledger is not None:
+            self._ledger.add_group(proc.pid, f"service {name}")
         return svc
 
     def services(self) -> dict[str, Service]:
@@ -439,6 +567,8 @@ class LocalEnvironment(HostFolderFiles, Environment):
         svc = self._services.get(name)
         if svc is not None:
             _kill_group(svc.pgid, leader=svc.process)
+            if self._ledger is not None:
+                self._ledger.drop_group(svc.pgid)
 
 
 def _safe(name: str) -> str:

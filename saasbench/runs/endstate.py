@@ -513,6 +513,8 @@ def _local_processes(env: Any) -> list[dict]:
         )
         if info["state"] in ("Z", "X") or not info["argv"]:
             continue
+        if os.path.basename(info["argv"][0]) == "bwrap":  # the local sandbox's wrapper, not a process of the app
+            continue
         info["service"] = service
         out.append(info)
     return out

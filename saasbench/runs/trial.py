@@ -240,6 +240,8 @@ def rollout_in(
     from saasbench.agents.anticheat import integrity_findings, void_if_cheating
 
     say = say or (lambda m: None)
+    if not getattr(agent, "trusted", False):  # a model's commands: only where they are confined (or trusted)
+        env.check_untrusted_agent(agent.name)
     started = _dt.datetime.now(_dt.UTC)
     if artefacts_dir is not None and hasattr(agent, "artefacts_dir"):
         agent.artefacts_dir = Path(artefacts_dir)
