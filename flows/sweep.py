@@ -38,18 +38,18 @@ if TYPE_CHECKING:
 MAX_WORKERS = int(settings.get("SAASBENCH_MAX_WORKERS") or "16")
 
 
-@task(name="write-sweep-row")
+@task(name="write-sweep-row", task_run_name="write-sweep-row")
 def write_sweep_row_task(spec: core.SweepSpec) -> None:
     core.write_sweep_row(spec)
 
 
-@task(name="concurrency-limits")
+@task(name="concurrency-limits", task_run_name="concurrency-limits")
 def limits_task(spec: core.SweepSpec) -> list[tuple[str, int]]:
     """Create/update the Prefect global concurrency limits of the sweep's config (saasbench.services.limits)."""
     return limits.ensure_prefect_limits(limits.configure_from_spec(spec))
 
 
-@task(name="pending-trials")
+@task(name="pending-trials", task_run_name="pending-trials")
 def pending_task(spec: core.SweepSpec) -> list[core.TrialSpec]:
     return core.pending(spec)
 
@@ -113,8 +113,14 @@ def sweep_flow(
     else:
         raise ValueError(f"dispatch must be 'local' or 'deployment', not {dispatch!r}")
     agg = aggregate_task(sw, report_dir=report_dir)
-    publish_artifacts(sw, agg)
-    return {"sweep_id": sw.sweep_id, "outcomes": outcomes, "leaderboard": agg["markdown"], "html": agg["html"]}
+    report_url = publish_artifacts(sw, agg)
+    return {
+        "sweep_id": sw.sweep_id,
+        "outcomes": outcomes,
+        "leaderboard": agg["markdown"],
+        "html": agg["html"],
+        "report_url": report_url,
+    }
 
 
 def _run_local(sw: core.SweepSpec, todo: list[core.TrialSpec]) -> dict[str, str]:
@@ -135,14 +141,70 @@ def _run_local(sw: core.SweepSpec, todo: list[core.TrialSpec]) -> dict[str, str]
 
 
 def trial_parameters(trial: core.TrialSpec, sw: core.SweepSpec) -> dict[str, Any]:
-    """Parameters of the ``trial`` flow for one trial of the sweep."""
+    """Parameters of the ``trial`` flow for one trial of the sweep.
+
+    The sweep's lake is the one this sweep run resolved (its spec's ``lake``, else this worker's
+    ``$SAASBENCH_LAKE`` read now, at run time): the sweep reads its trials' outcomes back from it, so
+    every child commits there. How to reach it (S3 endpoint, credentials) stays each worker's own."""
     return {
         "task": trial.task,
         "agent": trial.agent,
         "model": trial.model,
         "attempt": trial.attempt,
-        "sweep": sw.model_dump(mode="json"),
+        "sweep": {**sw.model_dump(mode="json"), "lake": sw.lake_uri},
     }
+
+
+def dispatch_name(trial: core.TrialSpec, crashes: int = 0) -> str:
+    """The name of a trial's dispatch step in the sweep run (and of its flow run): the trial label,
+    plus the dispatch number of a re-dispatch."""
+    return f"trial {trial.label}" + (f" (dispatch {crashes + 1})" if crashes else "")
+
+
+def _name_dispatch_step(client: Any, run: Any, name: str) -> None:
+    """Give the task run Prefect creates in this sweep run for a dispatched child (named after the
+    deployment, with a random suffix) the trial's name."""
+    parent = getattr(run, "parent_task_run_id", None)
+    if parent is None:
+        return
+    try:
+        client._client.patch(f"/task_runs/{parent}", json={"name": name}).raise_for_status()
+    except Exception as exc:  # noqa: BLE001 - a cosmetic name; the dispatch itself succeeded
+        get_run_logger().debug("could not name the dispatch step %s: %s", parent, exc)
+
+
+class DispatchUnavailable(RuntimeError):
+    """``dispatch="deployment"`` cannot work here: no Prefect server, or the trial deployment is missing."""
+
+
+DEPLOY_HINT = (
+    "--dispatch deployment needs a Prefect server (PREFECT_API_URL) with the flows deployed "
+    "(prefect deploy --all --prefect-file infra/prefect.yaml) and workers on the 'saasbench' pool; "
+    "see infra/README.md, or use --dispatch local"
+)
+
+
+def check_trial_deployment(trial_deployment: str = "trial/trial") -> None:
+    """Raise :class:`DispatchUnavailable` (one line, with the fix) unless a Prefect server is
+    configured, answers and has ``trial_deployment``."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise DispatchUnavailable(f"no Prefect server: {DEPLOY_HINT}")
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_deployment_by_name(trial_deployment)
+    except ObjectNotFound:
+        raise DispatchUnavailable(
+            f"the Prefect server at {url} has no deployment {trial_deployment!r}: {DEPLOY_HINT}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any failure to ask the server means the same thing here
+        raise DispatchUnavailable(
+            f"the Prefect server at {url} did not answer ({type(exc).__name__}: {exc}): {DEPLOY_HINT}"
+        ) from None
 
 
 def _read_state(client: Any, flow_run_id: Any) -> Any:
@@ -156,6 +218,7 @@ def dispatch_deployments(
     wait for them; returns ``{trial_id: outcome}`` (outcomes read back from the lake)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
     from prefect.runtime import flow_run as this_run
 
     logger = get_run_logger()
@@ -171,17 +234,24 @@ def dispatch_deployments(
                 when = None
                 if crashes:
                     when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=sw.delay(crashes - 1))
-                run = cast(  # called from sync code, prefect's async_dispatch returns the FlowRun itself
-                    "FlowRun",
-                    run_deployment(
-                        trial_deployment,
-                        parameters=trial_parameters(trial, sw),
-                        scheduled_time=when,
-                        timeout=0,
-                        tags=["saasbench", f"sweep:{sw.sweep_id}"],
-                        idempotency_key=f"{parent}:{trial.trial_id}:{crashes}",
-                    ),
-                )
+                try:
+                    run = cast(  # called from sync code, prefect's async_dispatch returns the FlowRun itself
+                        "FlowRun",
+                        run_deployment(
+                            trial_deployment,
+                            parameters=trial_parameters(trial, sw),
+                            flow_run_name=dispatch_name(trial, crashes),
+                            scheduled_time=when,
+                            timeout=0,
+                            tags=["saasbench", f"sweep:{sw.sweep_id}"],
+                            idempotency_key=f"{parent}:{trial.trial_id}:{crashes}",
+                        ),
+                    )
+                except ObjectNotFound:
+                    raise DispatchUnavailable(
+                        f"no deployment {trial_deployment!r} on this Prefect server: {DEPLOY_HINT}"
+                    ) from None
+                _name_dispatch_step(client, run, dispatch_name(trial, crashes))
                 logger.info(
                     "%s: flow run %s (%s)%s",
                     trial.label,

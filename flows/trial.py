@@ -85,7 +85,14 @@ def run_trial_stages(trial: core.TrialSpec, spec: core.SweepSpec, **retry: Any) 
     return core.run_trial(trial, spec, driver=lambda run: run_stage_tasks(run, **retry))
 
 
-@task(name="record-failure", cache_policy=NO_CACHE, persist_result=False)
+def _record_failure_name() -> str:
+    from prefect.runtime import task_run
+
+    trial = task_run.parameters.get("trial")
+    return f"record-failure {trial.label}" if isinstance(trial, core.TrialSpec) else "record-failure"
+
+
+@task(name="record-failure", task_run_name=_record_failure_name, cache_policy=NO_CACHE, persist_result=False)
 def record_failure_task(trial: core.TrialSpec, spec: core.SweepSpec, exc: BaseException) -> str:
     return core.record_failure(trial, spec, exc)
 

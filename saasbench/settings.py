@@ -18,6 +18,7 @@ DEFAULT_LAKE = "runs/lake"
 
 SETTINGS: dict[str, str] = {
     "SAASBENCH_LAKE": f"results lake URI: a folder, file:///..., or s3://bucket/prefix (default {DEFAULT_LAKE})",
+    "SAASBENCH_S3_ENDPOINT": "S3 endpoint URL of an s3:// lake (default $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, else AWS)",
     "SAASBENCH_TASKS_DIR": "task catalogue folder (default: the repository's tasks/)",
     "SAASBENCH_CACHE_DIR": "cache root: image cache, base-image tarballs (default $XDG_CACHE_HOME/saasbench or ~/.cache/saasbench)",
     "SAASBENCH_IMAGE_MAP": "the user's image map file (default ~/.config/saasbench/image-map.yaml)",
@@ -58,16 +59,40 @@ CONTRACT_VARIABLES = (
 )
 
 
+class SettingError(ValueError):
+    """A setting is present but unusable (e.g. set to an empty string); the message names the variable."""
+
+
+# Settings a worker must give a real value when it gives one at all: an empty string here is almost
+# always a deployment template or a compose file that substituted an unset variable, and silently
+# falling back (to runs/lake, or to AWS instead of the store) would write results somewhere else.
+NONEMPTY = ("SAASBENCH_LAKE", "SAASBENCH_S3_ENDPOINT", "SAASBENCH_HOST_NAME")
+
+
 def get(name: str, default: str | None = None) -> str | None:
-    """The value of a declared setting ("" counts as unset)."""
+    """The value of a declared setting ("" counts as unset, except for :data:`NONEMPTY` settings,
+    where it is a :class:`SettingError`)."""
     if name not in SETTINGS:
         raise KeyError(f"{name} is not a declared setting (saasbench.settings.SETTINGS)")
-    return os.environ.get(name) or default
+    value = os.environ.get(name)
+    if value is not None and not value.strip() and name in NONEMPTY:
+        raise SettingError(
+            f"{name} is set but empty: unset it or give it a value; for Prefect runs set it in the "
+            "worker's environment, not in a deployment (infra/README.md, Worker configuration)"
+        )
+    return value or default
 
 
 def lake_uri(explicit: str | None = None) -> str:
-    """``explicit``, else ``$SAASBENCH_LAKE``, else ``runs/lake``."""
+    """``explicit``, else ``$SAASBENCH_LAKE``, else ``runs/lake``; read when called (on a Prefect worker:
+    the worker's environment at run time). An empty ``$SAASBENCH_LAKE`` is a :class:`SettingError`."""
     return explicit or get("SAASBENCH_LAKE") or DEFAULT_LAKE
+
+
+def s3_endpoint() -> str | None:
+    """``$SAASBENCH_S3_ENDPOINT``, else ``$AWS_ENDPOINT_URL_S3``, else ``$AWS_ENDPOINT_URL``, else None (AWS).
+    An empty ``$SAASBENCH_S3_ENDPOINT`` is a :class:`SettingError`."""
+    return get("SAASBENCH_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 def tasks_dir() -> Path:

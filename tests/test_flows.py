@@ -326,3 +326,133 @@ def test_trial_flow_reruns_a_rollout_the_model_upstream_broke(tmp_path, monkeypa
     assert rows == [{"outcome": "completed", "valid": True}]
     events = lakelib.query(spec["lake"], "SELECT content FROM trajectory_events WHERE kind = 'model_error'").to_pylist()
     assert len(events) == 1 and "model upstream failed after 6 attempt(s)" in events[0]["content"]
+
+
+# --- configuration belongs to the worker (issue #18 item 3) ------------------------------------
+
+
+def test_flow_run_reads_the_lake_of_its_environment_at_run_time(tmp_path, monkeypatch):
+    """The deployment is built while SAASBENCH_LAKE names one lake; the flow run starts where it names
+    another: rows and the report land in the run-time lake, the deploy-time one gets nothing, and the
+    report link artifact points at the report in that lake's store (not at the worker's disk)."""
+    deploy_lake, run_lake = tmp_path / "deploy-lake", tmp_path / "run-lake"
+    monkeypatch.setenv("SAASBENCH_LAKE", str(deploy_lake))
+    spec = sweep_dict(tmp_path, "flow-env-lake", agents=["oracle"])
+    del spec["lake"]
+    deployment = sweep_flow.to_deployment(name="sweep", parameters={"spec": spec})
+    assert str(deploy_lake) not in repr((deployment.parameters, deployment.job_variables))
+
+    monkeypatch.setenv("SAASBENCH_LAKE", str(run_lake))  # the worker's environment when the run starts
+    res = sweep_flow(**deployment.parameters)
+    assert res["outcomes"] == {"timetrack.oracle.none.0": "completed"}
+    assert lakelib.committed_trials(str(run_lake), "flow-env-lake") == {"timetrack.oracle.none.0"}
+    assert not deploy_lake.exists()
+    in_lake = run_lake / "reports" / "flow-env-lake" / "flow-env-lake.html"
+    assert in_lake.is_file() and in_lake.read_bytes() == (tmp_path / "reports" / "flow-env-lake.html").read_bytes()
+    assert res["report_url"] == in_lake.resolve().as_uri()
+    (link,) = artifacts(artifact_key("flow-env-lake", "report"))
+    assert in_lake.resolve().as_uri() in link.data and (tmp_path / "reports").as_uri() not in link.data
+
+
+def test_report_link_is_the_s3_url_of_the_report(tmp_path, monkeypatch):
+    from saasbench.flows.aggregate import upload_report
+
+    class FakeS3:
+        uri = "s3://results/saasbench"
+
+        def __init__(self):
+            self.put_keys = []
+
+        def put(self, key, data):
+            self.put_keys.append((key, data))
+
+        def url(self, key):
+            return f"s3://results/saasbench/{key}"
+
+    store = FakeS3()
+    monkeypatch.setattr(lakelib, "lake_from_uri", lambda uri: store)
+    html = tmp_path / "r.html"
+    html.write_text("<html>report</html>")
+    spec = sw.SweepSpec.model_validate(sweep_dict(tmp_path, "s3-report", lake="s3://results/saasbench"))
+    assert upload_report(spec, str(html)) == "s3://results/saasbench/reports/s3-report/s3-report.html"
+    assert store.put_keys == [("reports/s3-report/s3-report.html", b"<html>report</html>")]
+
+
+def test_empty_s3_endpoint_is_a_clear_error(tmp_path, monkeypatch):
+    from saasbench.settings import SettingError
+
+    monkeypatch.setenv("SAASBENCH_S3_ENDPOINT", "")
+    spec = sweep_dict(tmp_path, "flow-empty-endpoint", agents=["nop"], lake="s3://results/saasbench")
+    with pytest.raises(SettingError, match=r"^SAASBENCH_S3_ENDPOINT is set but empty") as info:
+        sweep_flow(spec)
+    assert "\n" not in str(info.value)
+
+
+def test_empty_settings_are_one_line_cli_errors(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from saasbench.cli.main import app
+
+    runner = CliRunner()
+    res = runner.invoke(
+        app,
+        ["query", "SELECT 1", "--lake", "s3://results/saasbench"],
+        env={"SAASBENCH_S3_ENDPOINT": "", "COLUMNS": "400"},
+    )
+    assert res.exit_code == 1, res.output  # query's own convention: 1 when the query could not run
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "SAASBENCH_S3_ENDPOINT is set but empty" in lines[0]
+    res = runner.invoke(
+        app,
+        ["sweep", "--task", "timetrack", "--agent", "nop", "--dry-run"],
+        env={"SAASBENCH_LAKE": "", "COLUMNS": "400"},
+    )
+    assert res.exit_code == 2 and "SAASBENCH_LAKE is set but empty" in res.output, res.output
+
+
+# --- friction (issue #18 item 5) ---------------------------------------------------------------
+
+
+def test_dispatch_deployment_without_server_or_deployment_is_one_line(tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from typer.testing import CliRunner
+
+    from saasbench.cli.main import app
+    from saasbench.flows.sweep import DispatchUnavailable, check_trial_deployment
+
+    args = ["sweep", "--task", "timetrack", "--agent", "nop", "--lake", str(tmp_path / "lake")]
+    args += ["--sweep-id", "no-dep", "--dispatch", "deployment"]
+    # this module's test server has no 'trial' deployment
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("sweep no-dep:")]
+    assert len(lines) == 1 and "has no deployment 'trial/trial'" in lines[0] and "prefect deploy" in lines[0]
+    assert "ObjectNotFound" not in res.output
+    assert lakelib.committed_trials(str(tmp_path / "lake"), "no-dep") == set()
+    # no server at all
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        with pytest.raises(DispatchUnavailable, match=r"^no Prefect server: --dispatch deployment needs a Prefect"):
+            check_trial_deployment()
+
+
+def test_dispatch_names_each_trial_run_after_the_trial(tmp_path, monkeypatch):
+    import prefect.deployments
+
+    from saasbench.flows import sweep as sweep_flows
+
+    spec = sweep_dict(tmp_path, "flow-dispatch-names", agents=["oracle", "nop"], retries=1)
+    fake = FakeDeployments(spec, {"oracle": ["crash", "ok"], "nop": ["ok"]})
+    names = []
+
+    def run_deployment(name, flow_run_name=None, **kw):
+        names.append(flow_run_name)
+        return fake.run_deployment(name, **kw)
+
+    monkeypatch.setattr(prefect.deployments, "run_deployment", run_deployment)
+    monkeypatch.setattr(sweep_flows, "_read_state", fake.read_state)
+    sweep_flow(spec, dispatch="deployment", poll_seconds=0.05)
+    assert sorted(names) == [
+        "trial timetrack/nop/none#0",
+        "trial timetrack/oracle/none#0",
+        "trial timetrack/oracle/none#0 (dispatch 2)",
+    ]

@@ -132,3 +132,65 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path):
         env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
     )
     assert res.returncode != 0 and "no-such-service" in res.stderr
+
+
+def test_deployments_carry_no_environment_specific_values():
+    """Configuration belongs to the worker: a `{{ $VAR }}` in a deployment is resolved by `prefect
+    deploy` on the deploying machine and pinned into every run; only the pull step (resolved by the
+    worker at run time) may use one."""
+    data = load(PREFECT_YAML)
+    for d in data["deployments"]:
+        assert "env" not in (d["work_pool"].get("job_variables") or {}), d["name"]
+        assert "{{" not in yaml.safe_dump({k: v for k, v in d.items() if k != "pull"}), d["name"]
+        spec = (d.get("parameters") or {}).get("spec")
+        assert not isinstance(spec, dict) or "lake" not in spec, d["name"]
+
+
+def test_prefect_yaml_example_files_exist():
+    """Every spec file the comments of prefect.yaml run exists in the checkout and is a valid sweep spec."""
+    from saasbench.runs.sweep import SweepSpec
+
+    named = set(re.findall(r"spec=([\w./-]+\.ya?ml)", PREFECT_YAML.read_text(encoding="utf-8")))
+    assert named, "prefect.yaml names no example spec file"
+    for rel in named:
+        path = REPO / rel
+        assert path.is_file(), rel
+        assert SweepSpec.load(path).lake is None  # the example leaves the lake to the worker
+
+
+LOOPBACK = re.compile(r"\b(127\.\d+\.\d+\.\d+|localhost|0\.0\.0\.0)\b|\[::1\]")
+
+
+def test_compose_workers_get_service_names_not_host_paths_or_loopback():
+    """A container worker's configuration names compose services and container paths: no loopback
+    endpoint (inside the container that is the container itself), no host path except as the source
+    of a volume; the worker is exec'ed so one `docker stop` SIGTERM reaches it."""
+    compose = load(COMPOSE)
+    svcs = compose["services"]
+    worker = svcs["worker"]
+    env = worker["environment"]
+    mounts = [v.split(":") for v in worker.get("volumes", [])]
+    targets = {m[1] for m in mounts}
+    for name, value in env.items():
+        value = str(value)
+        assert not LOOPBACK.search(value), f"worker {name}={value} is a loopback address"
+        path = value.removeprefix("unix://").removeprefix("file://")
+        if path.startswith("/"):  # a path must be inside the container: a mount target (or below one)
+            assert any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets), f"{name}={value}"
+    assert env["SAASBENCH_LAKE"].startswith("s3://")
+    for var in ("SAASBENCH_S3_ENDPOINT", "PREFECT_API_URL"):
+        host = re.match(r"https?://([^:/]+)", env[var]).group(1)
+        assert host in svcs, f"worker {var} names {host}, not a compose service"
+    assert worker["working_dir"] in targets
+    assert all(v.strip() for v in map(str, env.values())), "an empty worker setting is an error at run time"
+    assert re.search(r"&&\s*exec prefect worker start\b", command_text(worker))
+
+
+def test_infra_readme_links_stay_in_the_repository():
+    text = (REPO / "infra" / "README.md").read_text(encoding="utf-8")
+    assert "/work/" not in text
+    for target in re.findall(r"\]\(([^)#]+)", text):
+        if "://" in target:
+            continue
+        path = (REPO / "infra" / target).resolve()
+        assert path.is_relative_to(REPO) and path.exists(), target

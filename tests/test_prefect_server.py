@@ -8,6 +8,11 @@ documented way), and two ``prefect worker start`` processes. Then:
   of the ``trial`` deployment, the two workers share them, every planned trial is committed exactly
   once, the oracle scores 100, the leaderboard artifact exists, the per-host environment limit
   exists on the server with the sweep's value;
+- configuration belongs to the worker: ``prefect deploy`` runs with another ``SAASBENCH_LAKE`` and
+  an empty ``SAASBENCH_S3_ENDPOINT``; the sweep names no lake, and everything lands in the lake of
+  the workers' environment (nothing in the deploying shell's);
+- deterministic names: the sweep run's dispatch steps and the trial flow runs are named after the
+  trials;
 - a schedule: an interval schedule on the ``sweep`` deployment that the server's scheduler turns
   into a flow run, which a worker runs to COMPLETED.
 
@@ -150,8 +155,8 @@ def stack(tmp_path_factory):
         except OSError:
             return False
 
-    def run(args: list[str], **kw) -> subprocess.CompletedProcess:
-        res = subprocess.run(args, env=env, capture_output=True, text=True, check=False, timeout=180, **kw)
+    def run(args: list[str], run_env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+        res = subprocess.run(args, env=run_env or env, capture_output=True, text=True, check=False, timeout=180, **kw)
         assert res.returncode == 0, f"{' '.join(args)}:\n{res.stdout}\n{res.stderr}"
         return res
 
@@ -159,8 +164,12 @@ def stack(tmp_path_factory):
         server = start("server", [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)])
         wait_until(health, 120, "the Prefect server's /api/health", alive=[(server, "prefect server")])
         run([PREFECT, "work-pool", "create", POOL, "--type", "process"], cwd=str(root))
+        # the deploying shell's configuration must not reach the flow runs (infra/README.md "Worker configuration")
+        deploy_env = {**env, "SAASBENCH_LAKE": str(root / "deployer-lake"), "SAASBENCH_S3_ENDPOINT": ""}
         deployed = run(
-            [PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"], cwd=str(REPO)
+            [PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"],
+            run_env=deploy_env,
+            cwd=str(REPO),
         )
         workers = [
             start(
@@ -182,6 +191,7 @@ def stack(tmp_path_factory):
                 url=url,
                 root=root,
                 lake=str(root / "lake"),
+                deployer_lake=str(root / "deployer-lake"),
                 reports=str(root / "reports"),
                 workers=workers,
                 server=server,
@@ -221,7 +231,13 @@ def test_deployments_registered_from_prefect_yaml(stack):
         ("0 3 * * *", False, {"dispatch": "deployment"})
     ]  # the yaml's nightly example
     assert sweep_dep.parameters["spec"]["envs_per_host"] == 2
-    assert sweep_dep.job_variables["env"]["SAASBENCH_LAKE"] == stack.lake
+    # no deploy-time configuration: no env in any deployment, nothing naming the deploying shell's lake
+    with client() as c:
+        trial_dep = c.read_deployment_by_name("trial/trial")
+    for dep in (sweep_dep, trial_dep):
+        assert "env" not in (dep.job_variables or {}), dep.job_variables
+        assert "deployer-lake" not in repr((dep.parameters, dep.job_variables, dep.pull_steps))
+    assert "lake" not in trial_dep.parameters and "lake" not in sweep_dep.parameters["spec"]
 
 
 def test_sweep_split_across_two_workers(stack):
@@ -244,13 +260,14 @@ def test_sweep_split_across_two_workers(stack):
         "tasks": ["timetrack"],
         "agents": ["oracle", "nop"],
         "attempts": 2,
-        "lake": stack.lake,
+        # no lake: the sweep's worker's SAASBENCH_LAKE (stack.lake), not the deploying shell's
         "report_dir": stack.reports,
         "concurrency": 4,
         "envs_per_host": 2,
         "retry_delays": [0],
     }
-    planned = {t.trial_id for t in sw.plan(sw.SweepSpec.model_validate(spec))}
+    planned_specs = sw.plan(sw.SweepSpec.model_validate(spec))
+    planned = {t.trial_id for t in planned_specs}
     assert len(planned) == 4
     parent = run_deployment(
         "sweep/sweep", parameters={"spec": spec, "dispatch": "deployment", "poll_seconds": 1}, timeout=0
@@ -260,6 +277,7 @@ def test_sweep_split_across_two_workers(stack):
 
     # the lake: every planned trial committed exactly once, no duplicated node rows
     assert lakelib.committed_trials(stack.lake, "dist-e2e") == planned
+    assert not Path(stack.deployer_lake).exists()  # the lake fixed at deploy time got nothing
     per_trial = lakelib.query(
         stack.lake, "SELECT trial_id, count(*) AS n FROM trials WHERE sweep_id = ? GROUP BY 1", ["dist-e2e"]
     ).to_pylist()
@@ -298,6 +316,19 @@ def test_sweep_split_across_two_workers(stack):
         parent_tasks = {r.parent_task_run_id for r in runs}
         assert None not in parent_tasks
         assert {c.read_task_run(t).flow_run_id for t in parent_tasks} == {parent.id}
+        # deterministic names: each trial's dispatch step in the sweep run and its flow run say which trial
+        labels = {f"trial {t.label}" for t in planned_specs}
+        assert {r.name for r in runs} == labels
+        assert {c.read_task_run(t).name for t in parent_tasks} == labels
+        assert all((r.parameters["sweep"] or {}).get("lake") == stack.lake for r in runs)  # the sweep's lake
+
+        # the report link points at the HTML report in the lake's store, not at a worker's disk
+        (link,) = c.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("dist-e2e", "report")]))
+        )
+        in_lake = Path(stack.lake, "reports", "dist-e2e", "dist-e2e.html")
+        assert in_lake.as_uri() in link.data and in_lake.is_file()
+        assert Path(stack.reports).as_uri() not in link.data
 
         # ... and both workers ran some: each trial flow run logs the worker that started it
         def workers_of_runs():
@@ -389,3 +420,15 @@ def test_scheduled_sweep_run(stack):
         ]
         for r in left:
             c.delete_flow_run(r.id)
+
+
+def test_an_idle_worker_stops_on_one_sigterm(stack):
+    """Prefect's worker handler: the first SIGTERM stops taking runs and exits once its flow runs are
+    done; with none running that is at once (no second SIGTERM needed). Runs last: it stops a worker."""
+    worker = stack.workers[-1]
+    assert worker.poll() is None
+    os.kill(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the idle worker did not stop within 30 s of one SIGTERM")

@@ -128,7 +128,11 @@ def _is(exc: BaseException, module: str, name: str) -> bool:
 def user_error(exc: BaseException) -> str | None:
     """The one-line message (with its fix) of an error a user can fix that reached the top of a command
     uncaught, or None for anything else (a bug: its traceback is shown)."""
-    if _is(exc, "saasbench.inputs", "InputError") or _is(exc, "saasbench.catalog.tasks", "TaskError"):
+    if (
+        _is(exc, "saasbench.inputs", "InputError")
+        or _is(exc, "saasbench.catalog.tasks", "TaskError")
+        or _is(exc, "saasbench.settings", "SettingError")
+    ):
         return str(exc)
     if _is(exc, "saasbench.lake.store", "LakeStoreError"):
         return (

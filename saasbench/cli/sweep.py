@@ -280,8 +280,13 @@ def sweep_cmd(
         board, html = agg["markdown"], agg["html"]
     else:
         prefect_env()
-        from saasbench.flows.sweep import sweep_flow
+        from saasbench.flows.sweep import DispatchUnavailable, check_trial_deployment, sweep_flow
 
+        if dispatch == "deployment":
+            try:
+                check_trial_deployment()
+            except DispatchUnavailable as exc:
+                raise _fail(str(exc)) from None
         res = sweep_flow(spec.model_dump(mode="json"), dispatch=cast(Literal["local", "deployment"], dispatch))
         outcomes, board, html = res["outcomes"], res["leaderboard"], res["html"]
     console.print(f"ran {len(outcomes)} trial(s) now ({len(plan(spec)) - len(outcomes)} already committed)")

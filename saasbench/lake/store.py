@@ -367,12 +367,9 @@ def _duckdb_version() -> str:
 
 
 def s3_endpoint_from_env() -> str | None:
-    return (
-        os.environ.get(ENV_ENDPOINT)
-        or os.environ.get("AWS_ENDPOINT_URL_S3")
-        or os.environ.get("AWS_ENDPOINT_URL")
-        or None
-    )
+    """The S3 endpoint from the environment (:func:`saasbench.settings.s3_endpoint`; an empty
+    ``$SAASBENCH_S3_ENDPOINT`` is a :class:`saasbench.settings.SettingError`)."""
+    return settings.s3_endpoint() or None
 
 
 def lake_from_uri(
