@@ -39,3 +39,11 @@ def oracle_sweep_spec(tmp_path: Path, sweep_id: str, **kw: Any) -> Any:
         **kw,
     }
     return SweepSpec.model_validate(data)
+
+
+def sigint_default() -> None:
+    """``preexec_fn`` of a child a test sends SIGINT (Ctrl-C): a shell running the suite in the background
+    starts it with SIGINT ignored, and a Python started that way never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from shared_data import sigint_default
 
 from saasbench.catalog.envspec import EnvSpec, ServiceSpec, SpecError, import_compose
 from saasbench.environments.base import ServiceError, self_check, self_check_backend
@@ -382,6 +383,7 @@ def test_ctrl_c_tears_down_and_prune_reaps_a_killed_run(docker_client, busybox_i
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=sigint_default,
         )
         runs[name] = (trial, proc)
     try:
