@@ -35,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from shared_data import sigint_default
 
 from saasbench import lake as lakelib
 from saasbench.runs import sweep as sw
@@ -142,7 +143,13 @@ def stack(tmp_path_factory):
     def start(name: str, args: list[str]) -> subprocess.Popen:
         out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            args, cwd=str(root), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            cwd=str(root),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=sigint_default,  # Prefect's SIGTERM handling goes through SIGINT: never start it ignored
         )
         out.close()
         procs.append(proc)

@@ -772,7 +772,12 @@ def test_one_browser_per_run_closed_at_run_end(pages: str, make_ctx: Any) -> Non
     session = ctx.resources["browser"]
     assert run(ctx, "SCREENSHOT", {"url": "/static.html", "settle_ms": 0}).passed
     assert ctx.resources["browser"] is session  # reused, not relaunched
-    started = {pid: cmd for pid, cmd in descendants(os.getpid()).items() if pid not in before}
+    # the browser's processes (Chromium and the Playwright driver), not whatever else the suite started meanwhile
+    started = {
+        pid: cmd
+        for pid, cmd in descendants(os.getpid()).items()
+        if pid not in before and ("chrom" in cmd or "playwright" in cmd)
+    }
     chromium = [pid for pid, cmd in started.items() if "chromium" in cmd]
     assert chromium, started
     ctx.close()
